@@ -1,0 +1,41 @@
+"""Shared fixtures: a simple linear execution-time model and small request streams."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tierserve.core import Request
+
+
+class LinearPredictor:
+    """t = 5 ms + 0.05 ms/token + 1e-5 ms per attention pair + 2e-5 ms per decode-context token."""
+
+    decode_context_coef_s = 2e-8
+
+    def iteration_time(self, prefill_tokens, prefill_attn_pairs, decode_count, decode_context_sum):
+        return (0.005 + 5e-5 * (prefill_tokens + decode_count) + 1e-8 * prefill_attn_pairs
+                + self.decode_context_coef_s * decode_context_sum)
+
+    def decode_base_time(self, decode_count):
+        return 0.005 + 5e-5 * decode_count
+
+
+@pytest.fixture
+def predictor():
+    return LinearPredictor()
+
+
+def make_requests(n: int, rate: float, seed: int = 1, num_tiers: int = 1, prompt=(20, 600), output=(1, 300)):
+    rng = random.Random(seed)
+    t = 0.0
+    out = []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        out.append(Request(i, t, rng.randint(*prompt), rng.randint(*output), tier=rng.randrange(num_tiers)))
+    return out
+
+
+@pytest.fixture
+def requests_small():
+    return make_requests(300, rate=20.0, num_tiers=3)

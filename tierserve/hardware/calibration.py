@@ -1,0 +1,434 @@
+"""Fit execution-time coefficients from Vidur-format operator profiles or from measured iteration logs.
+
+Everything here is csv + numpy. Profiles are per-layer, per-TP-shard medians in ms (see the Vidur README in
+shared/data/vidur). Each fit is checked on a held-out 20% of rows (fixed seed) and the error reported.
+"""
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from tierserve.core.errors import TierserveError
+from tierserve.hardware.roofline import (
+    ELEMENTWISE_OPS,
+    GEMM_OPS,
+    GemmFit,
+    LinearFit,
+    attn_flops_per_pair,
+    gemm_flops_bytes,
+    kv_bytes_per_token_layer,
+)
+from tierserve.hardware.specs import GPUSpec, ModelSpec, get_gpu, get_model, known_gpus, known_models
+
+HOLDOUT_FRACTION = 0.2
+_SEED = 1234
+
+
+class ProfileError(TierserveError, ValueError):
+    """A profile or iteration log that cannot be fitted; names the file and the column."""
+
+    def __init__(self, source: str | Path, column: str | None, problem: str) -> None:
+        self.source, self.column = str(source), column
+        where = f"{source}" + (f", column {column!r}" if column else "")
+        super().__init__(f"{where}: {problem}")
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def read_rows(path: str | Path, required: Iterable[str]) -> list[dict[str, str]]:
+    """Rows of a CSV as dicts; error naming the file/column when it is missing, lacks a column or is empty."""
+    p = Path(path)
+    if not p.is_file():
+        raise ProfileError(p, None, "file not found")
+    with p.open(newline="") as f:
+        reader = csv.DictReader(f)
+        header = reader.fieldnames or []
+        for col in required:
+            if col not in header:
+                raise ProfileError(p, col, f"missing required column (header has {len(header)} columns)")
+        rows = list(reader)
+    if not rows:
+        raise ProfileError(p, None, "no data rows")
+    return rows
+
+
+def column(rows: list[dict[str, str]], name: str, source: str | Path) -> np.ndarray:
+    """A numeric column; blank cells become NaN, anything else unparsable is an error naming the column."""
+    out = np.empty(len(rows))
+    for i, r in enumerate(rows):
+        v = r.get(name, "")
+        if v is None or v == "":
+            out[i] = math.nan
+            continue
+        try:
+            out[i] = float(v)
+        except ValueError:
+            raise ProfileError(source, name, f"row {i + 2}: {v!r} is not a number") from None
+    return out
+
+
+def holdout_mask(n: int) -> np.ndarray:
+    """True for the held-out rows (fixed seed, so reports are reproducible)."""
+    rng = np.random.default_rng(_SEED)
+    return rng.random(n) < HOLDOUT_FRACTION
+
+
+def mape(pred: np.ndarray, meas: np.ndarray) -> float:
+    m = meas > 0
+    return float(np.mean(np.abs(pred[m] - meas[m]) / meas[m]) * 100.0) if m.any() else math.nan
+
+
+# ---------------------------------------------------------------------------------------------- fitting
+
+
+def fit_gemm(model: ModelSpec, gpu: GPUSpec, tp: int, op: str, tokens: np.ndarray, ms: np.ndarray,
+             correct: bool = True) -> GemmFit:
+    """Grid-search the roofline's two efficiencies and launch overhead on log error, then knot corrections."""
+    flops, nbytes = gemm_flops_bytes(model, tp, op, tokens)
+    effs = np.linspace(0.15, 1.0, 52)
+    t_flop = flops[None, :] / (gpu.peak_flops * effs[:, None]) * 1e3   # [eff, row]
+    t_mem = nbytes[None, :] / (gpu.hbm_bytes_per_s * effs[:, None]) * 1e3
+    best = (math.inf, 0.7, 0.8, 0.0)
+    logm = np.log(ms)
+    for oh in (0.0, 0.002, 0.004, 0.006, 0.01):
+        pred = np.maximum(t_flop[:, None, :], t_mem[None, :, :]) + oh         # [ef, eb, row]
+        err = np.mean(np.abs(np.log(pred) - logm), axis=2)
+        i, j = np.unravel_index(int(np.argmin(err)), err.shape)
+        if err[i, j] < best[0]:
+            best = (float(err[i, j]), float(effs[i]), float(effs[j]), oh)
+    fit = GemmFit(best[1], best[2], best[3])
+    if not correct:
+        return fit
+    ratio = ms / fit.raw_ms(model, gpu, tp, op, tokens)
+    lt = np.log2(np.maximum(tokens, 1.0))
+    knots = np.arange(0.0, math.ceil(lt.max()) + 1.0)
+    factors = []
+    for k in knots:
+        near = np.abs(lt - k) <= 0.5
+        factors.append(float(np.median(ratio[near])) if near.any() else 1.0)
+    return GemmFit(fit.eff_flop, fit.eff_bw, fit.overhead_ms, tuple(knots.tolist()), tuple(factors))
+
+
+def fit_linear(x: np.ndarray, ms: np.ndarray) -> LinearFit:
+    """Least squares on relative error (weights 1/t), intercept and slope clipped at 0."""
+    w = 1.0 / np.maximum(ms, 1e-6)
+    a_mat = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
+    coef, *_ = np.linalg.lstsq(a_mat, ms * w, rcond=None)
+    return LinearFit(max(float(coef[0]), 0.0), max(float(coef[1]), 0.0))
+
+
+def fit_nonneg(features: np.ndarray, ms: np.ndarray) -> np.ndarray:
+    """Relative-error least squares with columns whose coefficient goes negative dropped (tiny NNLS)."""
+    w = 1.0 / np.maximum(ms, 1e-6)
+    active = list(range(features.shape[1]))
+    coef = np.zeros(features.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(features[:, active] * w[:, None], ms * w, rcond=None)
+        if (sol >= 0).all():
+            coef[active] = sol
+            break
+        active.pop(int(np.argmin(sol)))
+    return coef
+
+
+@dataclass(slots=True)
+class FitReport:
+    """Held-out error of one operator fit."""
+
+    source: str
+    op: str
+    key: str          # e.g. "Llama-3-8B/A100-80GB/tp1"
+    n_train: int
+    n_test: int
+    mape_test: float
+    mape_train: float
+
+
+@dataclass(slots=True)
+class LayerFit:
+    """All non-attention operator fits of one (model, GPU, TP)."""
+
+    gemm: dict[str, GemmFit] = field(default_factory=dict)
+    elementwise: dict[str, LinearFit] = field(default_factory=dict)
+
+
+def fit_mlp_profile(path: str | Path, model: ModelSpec | str | None = None,
+                    gpu: GPUSpec | str | None = None) -> tuple[dict[int, LayerFit], list[FitReport]]:
+    """Fit every GEMM and elementwise op of a Vidur `mlp.csv`, per TP degree, with held-out errors."""
+    p = Path(path)
+    ops = GEMM_OPS + ELEMENTWISE_OPS
+    rows = read_rows(p, ["num_tokens", "num_tensor_parallel_workers", "n_embd"]
+                     + [f"time_stats.{o}.median" for o in ops])
+    m = get_model(model) if model is not None else _model_from_profile(rows, p)
+    g = get_gpu(gpu) if gpu is not None else _gpu_from_path(p)
+    tokens_all = column(rows, "num_tokens", p)
+    tp_all = column(rows, "num_tensor_parallel_workers", p).astype(int)
+    fits: dict[int, LayerFit] = {}
+    reports: list[FitReport] = []
+    for tp in sorted(set(tp_all.tolist())):
+        if m.num_q_heads % tp or m.num_kv_heads % tp:
+            continue
+        sel = tp_all == tp
+        tokens = tokens_all[sel]
+        test = holdout_mask(len(tokens))
+        lf = LayerFit()
+        key = f"{m.name}/{g.name}/tp{tp}"
+        for op in ops:
+            ms = column(rows, f"time_stats.{op}.median", p)[sel]
+            ok = np.isfinite(ms) & (ms > 0)
+            tr, te = ok & ~test, ok & test
+            if tr.sum() < 3:
+                raise ProfileError(p, f"time_stats.{op}.median", f"fewer than 3 usable rows for tp={tp}")
+            if op in GEMM_OPS:
+                fit = fit_gemm(m, g, tp, op, tokens[tr], ms[tr])
+                lf.gemm[op] = fit
+                pred = fit.ms(m, g, tp, op, tokens)
+            else:
+                lfit = fit_linear(tokens[tr], ms[tr])
+                lf.elementwise[op] = lfit
+                pred = lfit.ms(tokens)
+            reports.append(FitReport(str(p), op, key, int(tr.sum()), int(te.sum()),
+                                     mape(pred[te], ms[te]), mape(pred[tr], ms[tr])))
+        fits[tp] = lf
+    return fits, reports
+
+
+def _model_from_profile(rows: list[dict[str, str]], p: Path) -> ModelSpec:
+    """Match the profile's geometry, or its folder name, to a known model."""
+    for m in known_models():
+        if m.profile_dir and str(p.parent).endswith(m.profile_dir):
+            return m
+    r = rows[0]
+    for m in known_models():
+        if (str(m.hidden), str(m.num_q_heads), str(m.num_kv_heads), str(m.intermediate)) == (
+                r.get("n_embd"), r.get("n_head"), r.get("n_kv_head"), r.get("n_expanded_embd")):
+            return m
+    raise ProfileError(p, "n_embd", "geometry matches no known model; pass model= explicitly")
+
+
+def _gpu_from_path(p: Path) -> GPUSpec:
+    parts = [s.lower() for s in p.parts]
+    for g in known_gpus():
+        if g.profile_dir and g.profile_dir in parts:
+            return g
+    raise ProfileError(p, None, "cannot tell the GPU from the path; pass gpu= explicitly")
+
+
+# --------------------------------------------------------------------------------------------- attention
+
+
+@dataclass(slots=True)
+class AttentionFit:
+    """Per-layer attention costs of one geometry (ms), from an attention profile.
+
+    prefill = p0 + p_tok·chunk + p_pair·pairs; decode = d0 + d_req·B + d_ctx·Σctx;
+    KV write = piecewise-linear in prefill tokens (knots) + save_req·B for decodes.
+    """
+
+    p0: float
+    p_tok: float
+    p_pair: float
+    d0: float
+    d_req: float
+    d_ctx: float
+    save_knots: tuple[float, ...] = ()
+    save_ms: tuple[float, ...] = ()
+    save_req: float = 0.0
+    # reference geometry + GPU, so the terms can be rescaled to other models/GPUs
+    ref_model: str = ""
+    ref_gpu: str = ""
+    ref_tp: int = 1
+    eff_attn_flop: float = 0.0
+    eff_attn_bw: float = 0.0
+
+
+SAVE_KNOTS = (0.0, 256.0, 512.0, 768.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0)
+
+
+def _hat_basis(x: np.ndarray, knots: tuple[float, ...]) -> np.ndarray:
+    """Piecewise-linear interpolation basis (one column per knot), linear extrapolation past the last."""
+    k = np.asarray(knots)
+    out = np.zeros((len(x), len(k)))
+    for j in range(len(k)):
+        e = np.zeros(len(k))
+        e[j] = 1.0
+        out[:, j] = np.interp(x, k, e)
+    last = x > k[-1]
+    if last.any():
+        slope = (x[last] - k[-1]) / (k[-1] - k[-2])
+        out[last, -1] = 1.0 + slope
+        out[last, -2] = -slope
+    return out
+
+
+def fit_attention_profile(path: str | Path, model: ModelSpec | str, gpu: GPUSpec | str
+                          ) -> tuple[AttentionFit, list[FitReport]]:
+    """Fit prefill/decode attention and KV-cache writes from a Vidur-schema attention CSV (one TP degree)."""
+    p = Path(path)
+    m, g = get_model(model), get_gpu(gpu)
+    need = ["batch_size", "prefill_chunk_size", "kv_cache_size", "is_prefill", "num_tensor_parallel_workers",
+            "time_stats.attn_prefill.median", "time_stats.attn_decode.median"]
+    rows = read_rows(p, need)
+    tps = {int(float(r["num_tensor_parallel_workers"])) for r in rows}
+    if len(tps) != 1:
+        raise ProfileError(p, "num_tensor_parallel_workers", f"expected one TP degree, found {sorted(tps)}")
+    tp = tps.pop()
+    is_pre = np.array([r["is_prefill"].strip().lower() == "true" for r in rows])
+    bs = column(rows, "batch_size", p)
+    chunk = column(rows, "prefill_chunk_size", p)
+    kv = column(rows, "kv_cache_size", p)
+    t_pre = column(rows, "time_stats.attn_prefill.median", p)
+    t_dec = column(rows, "time_stats.attn_decode.median", p)
+    has_save = "time_stats.attn_kv_cache_save.median" in rows[0]
+    t_save = column(rows, "time_stats.attn_kv_cache_save.median", p) if has_save else None
+    test = holdout_mask(len(rows))
+    key = f"{m.name}/{g.name}/tp{tp}"
+    reports: list[FitReport] = []
+
+    # prefill: chunk·(kv + chunk/2) query-key pairs; linear in chunk for Q/O traffic; constant launch
+    pm = is_pre & np.isfinite(t_pre) & (t_pre > 0)
+    pairs = chunk * (kv + chunk / 2.0)
+    xp = np.stack([np.ones_like(chunk), chunk, pairs], axis=1)
+    cp = fit_nonneg(xp[pm & ~test], t_pre[pm & ~test])
+    pred = xp @ cp
+    reports.append(FitReport(str(p), "attn_prefill", key, int((pm & ~test).sum()), int((pm & test).sum()),
+                             mape(pred[pm & test], t_pre[pm & test]), mape(pred[pm & ~test], t_pre[pm & ~test])))
+
+    # decode: each request reads its whole KV (Σ context), plus per-request and per-call costs
+    dm = ~is_pre & np.isfinite(t_dec) & (t_dec > 0)
+    ctx_sum = bs * kv
+    xd = np.stack([np.ones_like(bs), bs, ctx_sum], axis=1)
+    cd = fit_nonneg(xd[dm & ~test], t_dec[dm & ~test])
+    pred = xd @ cd
+    reports.append(FitReport(str(p), "attn_decode", key, int((dm & ~test).sum()), int((dm & test).sum()),
+                             mape(pred[dm & test], t_dec[dm & test]), mape(pred[dm & ~test], t_dec[dm & ~test])))
+
+    fit = AttentionFit(float(cp[0]), float(cp[1]), float(cp[2]), float(cd[0]), float(cd[1]), float(cd[2]),
+                       ref_model=m.name, ref_gpu=g.name, ref_tp=tp)
+    fit.eff_attn_flop = attn_flops_per_pair(m, tp) / (g.peak_flops * fit.p_pair * 1e-3) if fit.p_pair else 0.0
+    fit.eff_attn_bw = kv_bytes_per_token_layer(m, tp) / (g.hbm_bytes_per_s * fit.d_ctx * 1e-3) if fit.d_ctx else 0.0
+
+    if t_save is not None:
+        # KV writes: prefill rows by chunk tokens (piecewise-linear), decode rows one token per request
+        sp = is_pre & np.isfinite(t_save) & (t_save > 0)
+        basis = _hat_basis(chunk, SAVE_KNOTS)
+        coef = fit_nonneg(basis[sp & ~test], t_save[sp & ~test])
+        pred = basis @ coef
+        reports.append(FitReport(str(p), "attn_kv_cache_save(prefill)", key, int((sp & ~test).sum()),
+                                 int((sp & test).sum()), mape(pred[sp & test], t_save[sp & test]),
+                                 mape(pred[sp & ~test], t_save[sp & ~test])))
+        sd = ~is_pre & np.isfinite(t_save) & (t_save > 0)
+        sfit = fit_linear(bs[sd & ~test], t_save[sd & ~test])
+        pred = sfit.ms(bs)
+        reports.append(FitReport(str(p), "attn_kv_cache_save(decode)", key, int((sd & ~test).sum()),
+                                 int((sd & test).sum()), mape(pred[sd & test], t_save[sd & test]),
+                                 mape(pred[sd & ~test], t_save[sd & ~test])))
+        fit.save_knots, fit.save_ms = SAVE_KNOTS, tuple(float(c) for c in coef)
+        # the decode write's fixed part is one kernel shared with the decode-attention call
+        fit.save_req = sfit.b_ms
+        fit.d0 += sfit.a_ms
+    return fit, reports
+
+
+# -------------------------------------------------------------------------------------------- all-reduce
+
+
+@dataclass(slots=True)
+class AllReduceFit:
+    """NCCL all-reduce latency vs message size for one group size: knots of (log2 bytes, ms)."""
+
+    num_workers: int
+    log2_bytes: tuple[float, ...]
+    ms: tuple[float, ...]
+
+    def time_ms(self, nbytes: np.ndarray) -> np.ndarray:
+        x = np.log2(np.maximum(np.asarray(nbytes, dtype=float), 1.0))
+        base = np.interp(x, self.log2_bytes, self.ms)
+        # past the largest knot the ring is bandwidth-bound: time grows ∝ bytes
+        over = x > self.log2_bytes[-1]
+        return np.where(over, self.ms[-1] * np.exp2(x - self.log2_bytes[-1]), base)
+
+
+def fit_allreduce(path: str | Path) -> tuple[dict[int, AllReduceFit], list[FitReport]]:
+    """Per group size (intra-node rows), the median latency at each power-of-two size bucket."""
+    p = Path(path)
+    rows = read_rows(p, ["time_stats.all_reduce.median", "num_workers", "size", "devices_per_node"])
+    t = column(rows, "time_stats.all_reduce.median", p)
+    n = column(rows, "num_workers", p).astype(int)
+    dpn = column(rows, "devices_per_node", p).astype(int)
+    size = column(rows, "size", p)
+    test = holdout_mask(len(rows))
+    fits: dict[int, AllReduceFit] = {}
+    reports: list[FitReport] = []
+    for w in sorted(set(n.tolist())):
+        sel = (n == w) & (dpn == w) & np.isfinite(t) & (t > 0)   # one node: the NVLink path TP uses
+        if sel.sum() < 4:
+            continue
+        x = np.log2(size)
+        knots = np.arange(math.floor(x[sel].min()), math.ceil(x[sel].max()) + 1.0)
+        tr = sel & ~test
+        vals = []
+        for k in knots:
+            near = tr & (np.abs(x - k) <= 0.5)
+            vals.append(float(np.median(t[near])) if near.any() else math.nan)
+        v = np.array(vals)
+        good = np.isfinite(v)
+        v = np.interp(knots, knots[good], v[good])
+        v = np.maximum.accumulate(v)   # latency never falls with size
+        fit = AllReduceFit(w, tuple(knots.tolist()), tuple(v.tolist()))
+        fits[w] = fit
+        pred = fit.time_ms(size)
+        te = sel & test
+        reports.append(FitReport(str(p), f"all_reduce(n={w})", p.parent.name, int(tr.sum()), int(te.sum()),
+                                 mape(pred[te], t[te]), mape(pred[tr], t[tr])))
+    if not fits:
+        raise ProfileError(p, "num_workers", "no intra-node group (devices_per_node == num_workers) with data")
+    return fits, reports
+
+
+# --------------------------------------------------------------------------------------- serialisation
+
+
+def gemm_to_json(f: GemmFit) -> dict[str, Any]:
+    return {"eff_flop": round(f.eff_flop, 5), "eff_bw": round(f.eff_bw, 5), "overhead_ms": f.overhead_ms,
+            "corr_log2t": list(f.corr_log2t), "corr_factor": [round(c, 5) for c in f.corr_factor]}
+
+
+def gemm_from_json(d: dict[str, Any]) -> GemmFit:
+    return GemmFit(float(d["eff_flop"]), float(d["eff_bw"]), float(d["overhead_ms"]),
+                   tuple(d.get("corr_log2t", ())), tuple(d.get("corr_factor", ())))
+
+
+def layerfit_to_json(lf: LayerFit) -> dict[str, Any]:
+    return {"gemm": {k: gemm_to_json(v) for k, v in lf.gemm.items()},
+            "elementwise": {k: [round(v.a_ms, 7), round(v.b_ms, 10)] for k, v in lf.elementwise.items()}}
+
+
+def layerfit_from_json(d: dict[str, Any]) -> LayerFit:
+    return LayerFit({k: gemm_from_json(v) for k, v in d["gemm"].items()},
+                    {k: LinearFit(float(v[0]), float(v[1])) for k, v in d["elementwise"].items()})
+
+
+def attention_to_json(a: AttentionFit) -> dict[str, Any]:
+    return asdict(a)
+
+
+def attention_from_json(d: dict[str, Any]) -> AttentionFit:
+    d = dict(d)
+    d["save_knots"] = tuple(d.get("save_knots", ()))
+    d["save_ms"] = tuple(d.get("save_ms", ()))
+    return AttentionFit(**d)
+
+
+def allreduce_to_json(a: AllReduceFit) -> dict[str, Any]:
+    return {"num_workers": a.num_workers, "log2_bytes": list(a.log2_bytes), "ms": [round(v, 5) for v in a.ms]}
+
+
+def allreduce_from_json(d: dict[str, Any]) -> AllReduceFit:
+    return AllReduceFit(int(d["num_workers"]), tuple(d["log2_bytes"]), tuple(d["ms"]))

@@ -1,0 +1,82 @@
+"""A run's output folder: `requests.csv`, `summary.json` (with the config) and `summary_by_tier.csv`."""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import enum
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tierserve.metrics.records import RequestTable
+from tierserve.metrics.summary import RunSummary
+
+REQUESTS_CSV = "requests.csv"
+SUMMARY_JSON = "summary.json"
+SUMMARY_BY_TIER_CSV = "summary_by_tier.csv"
+
+
+def to_jsonable(x: Any) -> Any:
+    """Plain JSON values from configs: dataclasses, enums, paths, numpy; NaN/inf become null."""
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return to_jsonable(dataclasses.asdict(x))
+    if hasattr(x, "model_dump"):  # pydantic models (run configs)
+        return to_jsonable(x.model_dump())
+    if isinstance(x, dict):
+        return {str(k): to_jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, set, frozenset)):
+        return [to_jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return to_jsonable(x.tolist())
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    if isinstance(x, enum.Enum):
+        return x.name
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(x) else None
+    if isinstance(x, (str, type(None))):
+        return x
+    return str(x)  # Path and anything else: its text form, rather than failing at the end of a long run
+
+
+def _csv_cell(v: Any) -> Any:
+    return repr(v) if isinstance(v, float) else v
+
+
+@dataclass(slots=True)
+class RunOutputs:
+    table: RequestTable
+    summary: RunSummary
+    config: dict[str, Any] | None
+
+
+def write_outputs(outdir: str | Path, table: RequestTable, summary: RunSummary,
+                  config: dict[str, Any] | None = None) -> dict[str, Path]:
+    """Write the three files into `outdir` (created if needed); returns their paths by file name."""
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {n: out / n for n in (REQUESTS_CSV, SUMMARY_JSON, SUMMARY_BY_TIER_CSV)}
+    table.to_csv(paths[REQUESTS_CSV])
+    doc = {"config": to_jsonable(config), "summary": summary.to_dict()}
+    # allow_nan=False: a NaN that slipped through is a bug here, not a file other tools cannot parse
+    paths[SUMMARY_JSON].write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    rows = summary.to_rows()
+    with paths[SUMMARY_BY_TIER_CSV].open("w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()) if rows else ["name"])
+        w.writeheader()
+        w.writerows({k: _csv_cell(v) for k, v in r.items()} for r in rows)
+    return paths
+
+
+def load_outputs(outdir: str | Path) -> RunOutputs:
+    """Read back what `write_outputs` wrote (NaN restored from null)."""
+    out = Path(outdir)
+    table = RequestTable.from_csv(out / REQUESTS_CSV)
+    doc = json.loads((out / SUMMARY_JSON).read_text(encoding="utf-8"))
+    return RunOutputs(table=table, summary=RunSummary.from_dict(doc["summary"]), config=doc.get("config"))

@@ -1,0 +1,85 @@
+"""Sarathi-Serve (stall-free batching): decodes first, then partial prefills, then new prefills FCFS,
+all within one token budget (the chunk size, default 512). Admission reserves the whole prompt's
+blocks plus a 1% watermark; preemption restarts the youngest running request (recompute)."""
+from __future__ import annotations
+
+from tierserve.core import BatchPlan, PreemptMode, RequestState
+from tierserve.policies.local.base import LocalPolicy, ReplicaView
+from tierserve.policies.local.vllm_v0 import arrival_key
+
+
+class SarathiPolicy(LocalPolicy):
+    name = "sarathi"
+    default_token_budget = 512
+    default_max_num_seqs = 128
+
+    def blocks_to_hold(self, state: RequestState, num_tokens: int, block_size: int) -> int:
+        # Whole prompt (or recompute prefix) allocated at admission, as Sarathi does.
+        return -(-max(state.num_computed_tokens + num_tokens, state.num_tokens) // block_size)
+
+    def prefill_order(self, partial: list[RequestState]) -> list[RequestState]:
+        """Order of partial prefills (Sarathi-FCFS: arrival); Sarathi-EDF/SRPF override this."""
+        return partial
+
+    def plan(self, view: ReplicaView) -> BatchPlan:
+        bs = view.block_size
+        free = view.free_blocks
+        budget = view.token_budget
+        cap = view.max_num_seqs
+        plan = BatchPlan()
+        scheduled = plan.scheduled
+        running = sorted(view.running, key=arrival_key)
+        partial: list[RequestState] = []
+        end = len(running)
+        i = 0
+        while i < end:
+            if len(scheduled) >= cap:
+                break
+            r = running[i]
+            if r.num_tokens - r.num_computed_tokens > 1 or r.num_generated == 0:
+                partial.append(r)
+                i += 1
+                continue
+            if budget <= 0:
+                i += 1
+                continue
+            need = self.blocks_to_hold(r, 1, bs) - r.num_blocks
+            while need > free:
+                end -= 1
+                victim = running[end]
+                plan.preempt.append((victim, PreemptMode.RECOMPUTE))
+                free += victim.num_blocks
+                if end == i:
+                    break
+            if end <= i:
+                break
+            scheduled.append((r, 1))
+            if need > 0:
+                free -= need
+            budget -= 1
+            i += 1
+        victims = {id(v) for v, _ in plan.preempt}
+        decode_only = True
+        for r in self.prefill_order([p for p in partial if id(p) not in victims]):
+            if len(scheduled) >= cap or budget <= 0:
+                break
+            n = min(r.num_tokens - r.num_computed_tokens, budget)
+            scheduled.append((r, n))      # blocks were reserved for the whole prompt at admission
+            budget -= n
+            decode_only = False
+        if not plan.preempt:
+            num_seqs = len(view.running)
+            for w in self.order_waiting(view.waiting):
+                if num_seqs >= cap or len(scheduled) >= cap or budget <= 0:
+                    break
+                n = min(w.num_tokens - w.num_computed_tokens, budget)
+                need = self.blocks_to_hold(w, n, bs) - w.num_blocks
+                if need > free - view.watermark_blocks:
+                    break
+                scheduled.append((w, n))
+                free -= need
+                budget -= n
+                num_seqs += 1
+                decode_only = False
+        plan.repeatable = decode_only and not plan.preempt
+        return plan

@@ -1,0 +1,66 @@
+"""vLLM v0 as Vidur models it (`vllm` there): prefill-only batches first, no chunking, FCFS, recompute.
+
+Admission needs the whole prompt's blocks plus the watermark; a prefill batch is bounded by
+len(batch)·max(prompt) ≤ token budget (Vidur's padded `max_tokens_in_batch`) and the batch cap.
+"""
+from __future__ import annotations
+
+from tierserve.core import BatchPlan, PreemptMode, RequestState
+from tierserve.policies.local.base import LocalPolicy, ReplicaView
+
+
+def arrival_key(state: RequestState) -> tuple[float, int]:
+    return (state.request.arrival_s, state.request.id)
+
+
+class VLLMv0Policy(LocalPolicy):
+    name = "vllm_v0"
+    default_token_budget = 4096
+    default_max_num_seqs = 128
+
+    def max_prompt_tokens(self, token_budget: int) -> int | None:
+        return token_budget   # no chunking: a whole prompt must fit one batch
+
+    def plan(self, view: ReplicaView) -> BatchPlan:
+        bs = view.block_size
+        free = view.free_blocks
+        plan = BatchPlan()
+        scheduled = plan.scheduled
+        longest = 0
+        num_seqs = len(view.running)
+        for w in self.order_waiting(view.waiting):
+            n = w.num_tokens - w.num_computed_tokens
+            need = self.blocks_to_hold(w, n, bs) - w.num_blocks
+            if need > free - view.watermark_blocks:
+                break
+            longest_next = n if n > longest else longest
+            if (len(scheduled) + 1) * longest_next > view.token_budget or num_seqs >= view.max_num_seqs:
+                break
+            scheduled.append((w, n))
+            free -= need
+            longest = longest_next
+            num_seqs += 1
+        if scheduled:
+            return plan
+        # Decode every running request, oldest first; on a block shortage restart the youngest.
+        running = sorted(view.running, key=arrival_key)
+        end = len(running)
+        i = 0
+        while i < end and len(scheduled) < view.max_num_seqs:
+            r = running[i]
+            need = self.blocks_to_hold(r, 1, bs) - r.num_blocks
+            while need > free:
+                end -= 1
+                victim = running[end]
+                plan.preempt.append((victim, PreemptMode.RECOMPUTE))
+                free += victim.num_blocks
+                if end == i:
+                    break
+            if end <= i:
+                break
+            scheduled.append((r, 1))
+            if need > 0:
+                free -= need
+            i += 1
+        plan.repeatable = not plan.preempt
+        return plan

@@ -1,0 +1,142 @@
+"""N replicas behind a global dispatcher: arrivals streamed in order, dispatch, global queue, rebalance."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from tierserve.core import Request, RequestState, Status
+from tierserve.policies.cluster.base import ClusterPolicy, Move
+from tierserve.sim.events import EventLoop
+from tierserve.sim.replica import Replica
+
+RANK_ARRIVAL = 1
+RANK_TICK = 2
+
+
+class InstanceHandle:
+    """A replica as a cluster policy sees it; every read brings the replica's state up to now."""
+
+    __slots__ = ("_replica", "index", "total_blocks", "block_size", "max_num_seqs", "migrating_count")
+
+    def __init__(self, replica: Replica) -> None:
+        self._replica = replica
+        self.index = replica.index
+        self.total_blocks = replica.total_blocks
+        self.block_size = replica.block_size
+        self.max_num_seqs = replica.max_num_seqs
+        self.migrating_count = 0
+
+    @property
+    def used_blocks(self) -> int:
+        self._replica.sync()
+        return self._replica.total_blocks - self._replica.free_blocks
+
+    @property
+    def running(self) -> list[RequestState]:
+        self._replica.sync()
+        return self._replica.running
+
+    @property
+    def waiting(self) -> list[RequestState]:
+        return self._replica.waiting
+
+    @property
+    def swapped(self) -> list[RequestState]:
+        return self._replica.swapped
+
+    @property
+    def num_outstanding(self) -> int:
+        r = self._replica
+        return len(r.running) + len(r.waiting) + len(r.swapped)
+
+    @property
+    def migrating(self) -> bool:
+        return self.migrating_count > 0
+
+
+class Cluster:
+    """Drives arrivals through the cluster policy onto replicas and collects every request's end."""
+
+    def __init__(self, replicas: list[Replica], policy: ClusterPolicy, loop: EventLoop, requests: Sequence[Request],
+                 reject_reason, seed: int = 0, migration_executor=None) -> None:
+        self.replicas = replicas
+        self.handles = [InstanceHandle(r) for r in replicas]
+        self.policy = policy
+        self.loop = loop
+        self.requests = requests
+        self.reject_reason = reject_reason          # Request -> str | None
+        self.states: list[RequestState] = []
+        self.reasons: dict[int, str] = {}
+        self.queue: list[RequestState] = []         # held by the cluster policy
+        self.num_ended = 0
+        self._next_arrival = 0
+        self.migration = migration_executor
+        policy.setup(len(replicas), seed)
+        for r in replicas:
+            r.on_finish = self._on_finish
+
+    def start(self) -> None:
+        if self.requests:
+            self.loop.at(self.requests[0].arrival_s, RANK_ARRIVAL, self._arrive)
+        if self.policy.rebalance_period_s:
+            self.loop.at(self.policy.rebalance_period_s, RANK_TICK, self._tick)
+
+    @property
+    def all_ended(self) -> bool:
+        return self.num_ended == len(self.requests)
+
+    def _arrive(self) -> None:
+        i = self._next_arrival
+        request = self.requests[i]
+        self._next_arrival = i + 1
+        if i + 1 < len(self.requests):
+            self.loop.at(self.requests[i + 1].arrival_s, RANK_ARRIVAL, self._arrive)
+        state = RequestState(request)
+        self.states.append(state)
+        reason = self.reject_reason(request)
+        if reason is not None:
+            state.status = Status.REJECTED
+            self.reasons[request.id] = reason
+            self.num_ended += 1
+            return
+        if self.queue:                    # keep the global queue's order: newcomers wait behind it
+            self.queue.append(state)
+            self._drain_queue()
+        else:
+            self._dispatch(state)
+
+    def _dispatch(self, state: RequestState) -> bool:
+        now = self.loop.now
+        target = self.policy.dispatch(state, self.handles, now)
+        if target is None:
+            if state not in self.queue:
+                self.queue.append(state)
+            return False
+        state.dispatch_s = now
+        self.replicas[target].enqueue(state)
+        return True
+
+    def _drain_queue(self) -> None:
+        now = self.loop.now
+        for state in self.policy.dispatch_order(list(self.queue)):
+            target = self.policy.dispatch(state, self.handles, now)
+            if target is None:
+                break                     # strict order: nothing overtakes a held request
+            self.queue.remove(state)
+            state.dispatch_s = now
+            self.replicas[target].enqueue(state)
+
+    def _on_finish(self, state: RequestState) -> None:
+        self.num_ended += 1
+        if self.queue:
+            self._drain_queue()
+
+    def _tick(self) -> None:
+        now = self.loop.now
+        if self.queue:
+            self._drain_queue()
+        moves: list[Move] = self.policy.rebalance(self.handles, now)
+        if moves and self.migration is not None:
+            for move in moves:
+                self.migration.start(move)
+        if not self.all_ended:
+            self.loop.at(now + self.policy.rebalance_period_s, RANK_TICK, self._tick)

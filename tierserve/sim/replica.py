@@ -1,0 +1,406 @@
+"""One LLM replica: paged KV blocks, continuous batching, preemption, and iteration timing.
+
+The local policy plans each batch; this executor validates it, allocates blocks, and advances time.
+Exact skip-ahead: when the policy marks a decode-only batch `repeatable`, the executor runs it as a
+*decode run* of k iterations at once — bounded by the next completion, the first KV-block shortfall and
+the policy's `max_repeat` — computing each iteration's time with the same arithmetic a single step uses,
+and applying per-request progress once. An arrival (or anything that needs the replica's exact state)
+truncates the run to the iteration in flight, so skipping and stepping give identical results.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from tierserve.core import BatchPlan, PreemptMode, RequestState, Status
+from tierserve.core.histogram import LogHistogram
+from tierserve.policies.local.base import LocalPolicy, PolicyError
+from tierserve.sim.events import EventLoop
+
+RANK_ITERATION_END = 0   # an iteration that ends when a request arrives is applied before the arrival
+
+
+def prefill_attention_pairs(chunk: int, context_before: int) -> float:
+    """Causal attention work of a prefill chunk, in query·key pairs (chunk × (prefix + chunk/2))."""
+    return chunk * (context_before + chunk * 0.5)
+
+
+class DecodeRun:
+    """A repeatable decode-only batch executing k iterations; `done` of them applied so far."""
+
+    __slots__ = ("batch", "ends", "done", "tier_counts")
+
+    def __init__(self, batch: list[RequestState], ends: list[float], tier_counts: dict[int, int]) -> None:
+        self.batch = batch
+        self.ends = ends
+        self.done = 0
+        self.tier_counts = tier_counts
+
+
+class Replica:
+    """Executor of one replica. Also the `ReplicaView` its local policy reads."""
+
+    def __init__(self, index: int, policy: LocalPolicy, predictor, loop: EventLoop, *, total_blocks: int,
+                 block_size: int, token_budget: int, max_num_seqs: int, watermark_blocks: int,
+                 swap_time_per_block_s: float, num_tiers: int,
+                 on_finish: Callable[[RequestState], None], skip_ahead: bool = True) -> None:
+        self.index = index
+        self.policy = policy
+        self.predictor = predictor
+        self.loop = loop
+        self.total_blocks = total_blocks
+        self.free_blocks = total_blocks
+        self.block_size = block_size
+        self.token_budget = token_budget
+        self.max_num_seqs = max_num_seqs
+        self.watermark_blocks = watermark_blocks
+        self.swap_time_per_block_s = swap_time_per_block_s
+        self.skip_ahead = skip_ahead
+        self.on_finish = on_finish
+        self.running: list[RequestState] = []
+        self.waiting: list[RequestState] = []
+        self.swapped: list[RequestState] = []
+        self.tbt = [LogHistogram() for _ in range(num_tiers)]
+        self._run: DecodeRun | None = None
+        self._busy = False
+        self._version = 0
+        self._batch: list[tuple[RequestState, int]] = []
+        # Statistics.
+        self.iterations = 0
+        self.busy_s = 0.0
+        self.kv_block_seconds = 0.0
+        self.preemptions = 0
+        self.max_used_blocks = 0
+
+    # ----- view -----
+    @property
+    def now(self) -> float:
+        return self.loop.now
+
+    @property
+    def used_blocks(self) -> int:
+        return self.total_blocks - self.free_blocks
+
+    @property
+    def idle(self) -> bool:
+        return not self._busy
+
+    # ----- entry points -----
+    def enqueue(self, state: RequestState, front: bool = False) -> None:
+        """A request joins this replica's waiting queue (dispatch or migration of a queued request)."""
+        state.replica = self.index
+        if state.status != Status.SWAPPED:
+            state.status = Status.WAITING
+        if front:
+            self.waiting.insert(0, state)
+        else:
+            self.waiting.append(state)
+        self.policy.on_arrival(state, self)
+        self.poke()
+
+    def poke(self) -> None:
+        """Something changed that the policy must see: re-plan now if idle, else after the iteration in flight."""
+        if not self._busy:
+            self._start_next()
+        elif self._run is not None:
+            self._truncate_run(self.loop.now)
+
+    def sync(self) -> None:
+        """Bring per-request state up to now (iterations ended so far; blocks of the one in flight)."""
+        run = self._run
+        if run is not None:
+            now = self.loop.now
+            ends = run.ends
+            j = run.done
+            k = len(ends)
+            while j < k and ends[j] <= now:
+                j += 1
+            if j > run.done:
+                self._apply_run(run, j, in_flight=j < k)
+
+    # ----- planning -----
+    def _start_next(self) -> None:
+        now = self.loop.now
+        plan = self.policy.plan(self)
+        swap_s = self._apply_preemptions(plan)
+        scheduled = plan.scheduled
+        if not scheduled:
+            self._busy = False
+            return
+        self._busy = True
+        if plan.repeatable and not swap_s and self._admit_all_decode(scheduled):
+            self._start_run(plan, now)
+            return
+        self._allocate(scheduled)
+        prefill_tokens = 0
+        pairs = 0.0
+        decodes = 0
+        ctx = 0
+        for r, n in scheduled:
+            computed = r.num_computed_tokens
+            if n == 1 and r.num_generated > 0 and r.num_tokens - computed == 1:
+                decodes += 1
+                ctx += computed + 1
+            else:
+                prefill_tokens += n
+                pairs += prefill_attention_pairs(n, computed)
+            r.last_scheduled_s = now
+        if prefill_tokens:
+            dt = self.predictor.iteration_time(prefill_tokens, pairs, decodes, ctx)
+        else:
+            dt = self.predictor.decode_base_time(decodes) + self.predictor.decode_context_coef_s * ctx
+        dt += swap_s
+        self._batch = scheduled
+        self._account(dt)
+        self._version += 1
+        self.loop.at(now + dt, RANK_ITERATION_END, self._end_iteration, self._version)
+
+    def _apply_preemptions(self, plan: BatchPlan) -> float:
+        swap_s = 0.0
+        for victim, mode in plan.preempt:
+            if victim.status != Status.RUNNING or victim.replica != self.index:
+                raise PolicyError(f"{self.policy.name}: cannot preempt request {victim.id} (status {victim.status.name})")
+            self.running.remove(victim)
+            self.free_blocks += victim.num_blocks
+            victim.num_preemptions += 1
+            self.preemptions += 1
+            if mode == PreemptMode.SWAP:
+                swap_s += victim.num_blocks * self.swap_time_per_block_s
+                victim.num_blocks = 0
+                victim.status = Status.SWAPPED
+                self.swapped.append(victim)
+            else:
+                victim.num_blocks = 0
+                victim.num_computed_tokens = 0        # KV dropped: prompt + generated are recomputed
+                victim.status = Status.WAITING
+                self.waiting.insert(0, victim)
+        for r, _ in plan.scheduled:
+            if r.status == Status.SWAPPED:
+                swap_s += self.policy.blocks_to_hold(r, 0, self.block_size) * self.swap_time_per_block_s
+        return swap_s
+
+    def _admit_all_decode(self, scheduled: list[tuple[RequestState, int]]) -> bool:
+        for r, n in scheduled:
+            if n != 1 or r.status != Status.RUNNING or r.num_generated == 0 or r.num_tokens - r.num_computed_tokens != 1:
+                return False
+        return True
+
+    def _allocate(self, scheduled: list[tuple[RequestState, int]]) -> None:
+        """Validate the plan against memory and batch limits, allocate blocks, admit new requests."""
+        if len(scheduled) > self.max_num_seqs:
+            raise PolicyError(f"{self.policy.name}: batch of {len(scheduled)} > max_num_seqs {self.max_num_seqs}")
+        bs = self.block_size
+        hold = self.policy.blocks_to_hold
+        total = 0
+        for r, n in scheduled:
+            if n < 1 or n > r.num_tokens - r.num_computed_tokens:
+                raise PolicyError(f"{self.policy.name}: request {r.id} scheduled {n} tokens, has {r.num_tokens - r.num_computed_tokens} to run")
+            total += n
+            need = hold(r, n, bs) - r.num_blocks
+            if need > 0:
+                if need > self.free_blocks:
+                    raise PolicyError(f"{self.policy.name}: request {r.id} needs {need} KV blocks, {self.free_blocks} free")
+                self.free_blocks -= need
+                r.num_blocks += need
+            if r.status != Status.RUNNING:
+                if r.replica != self.index:
+                    raise PolicyError(f"{self.policy.name}: request {r.id} is not on replica {self.index}")
+                (self.swapped if r.status == Status.SWAPPED else self.waiting).remove(r)
+                r.status = Status.RUNNING
+                self.running.append(r)
+        if total > self.token_budget:
+            raise PolicyError(f"{self.policy.name}: batch of {total} tokens > token budget {self.token_budget}")
+        used = self.total_blocks - self.free_blocks
+        if used > self.max_used_blocks:
+            self.max_used_blocks = used
+
+    def _account(self, dt: float) -> None:
+        self.iterations += 1
+        self.busy_s += dt
+        self.kv_block_seconds += (self.total_blocks - self.free_blocks) * dt
+
+    # ----- a general (prefill-carrying) iteration -----
+    def _end_iteration(self, version: int) -> None:
+        if version != self._version:
+            return
+        now = self.loop.now
+        finished = []
+        for r, n in self._batch:
+            r.num_computed_tokens += n
+            if r.num_computed_tokens == r.num_tokens:
+                self._emit_token(r, now)
+                if r.num_generated >= r.request.output_tokens:
+                    finished.append(r)
+        self._batch = []
+        for r in finished:
+            self._finish(r, now)
+        self._start_next()
+
+    def _emit_token(self, r: RequestState, now: float) -> None:
+        r.num_generated += 1
+        r.num_tokens += 1
+        if r.first_token_s < 0:
+            r.first_token_s = now
+        else:
+            gap = now - r.last_token_s
+            self.tbt[r.request.tier].add(gap)
+            if gap > r.tbt_max_s:
+                r.tbt_max_s = gap
+        r.last_token_s = now
+
+    def _finish(self, r: RequestState, now: float) -> None:
+        self.running.remove(r)
+        self.free_blocks += r.num_blocks
+        r.num_blocks = 0
+        r.status = Status.FINISHED
+        r.finish_s = now
+        self.policy.on_finish(r, self)
+        self.on_finish(r)
+
+    # ----- decode runs (skip-ahead) -----
+    def _start_run(self, plan: BatchPlan, now: float) -> None:
+        scheduled = plan.scheduled
+        batch = [r for r, _ in scheduled]
+        self._allocate(scheduled)       # blocks for the first iteration
+        bs = self.block_size
+        b = len(batch)
+        ctx0 = 0
+        k = plan.max_repeat if self.skip_ahead else 1
+        tiers: dict[int, int] = {}
+        for r in batch:
+            ctx0 += r.num_computed_tokens + 1
+            rem = r.request.output_tokens - r.num_generated
+            if rem < k:
+                k = rem
+            t = r.request.tier
+            tiers[t] = tiers.get(t, 0) + 1
+            r.last_scheduled_s = now
+        if k > 1:
+            k = self._kv_bound(batch, k, bs)
+        base = self.predictor.decode_base_time(b)
+        coef = self.predictor.decode_context_coef_s
+        ends = []
+        t = now
+        busy = 0.0
+        for j in range(k):
+            dt = base + coef * (ctx0 + b * j)
+            t = t + dt
+            busy += dt
+            ends.append(t)
+        self.iterations += k
+        self.busy_s += busy
+        self.kv_block_seconds += (self.total_blocks - self.free_blocks) * busy
+        self._run = DecodeRun(batch, ends, tiers)
+        self._version += 1
+        self.loop.at(ends[-1], RANK_ITERATION_END, self._end_run, self._version)
+
+    def _kv_bound(self, batch: list[RequestState], k: int, bs: int) -> int:
+        """Largest k' ≤ k such that iterations 1..k'-1 find the KV blocks they need (iteration 0's are held)."""
+        free = self.free_blocks
+
+        def extra(kk: int) -> int:
+            total = 0
+            for r in batch:
+                over = r.num_computed_tokens + kk - r.num_blocks * bs
+                if over > 0:
+                    total += -(-over // bs)
+            return total
+
+        if extra(k) <= free:
+            return k
+        lo, hi = 1, k          # extra(lo) == 0 ≤ free; extra(hi) > free
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if extra(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def _apply_run(self, run: DecodeRun, upto: int, in_flight: bool) -> None:
+        """Apply iterations run.done … upto-1 to every request in the run."""
+        ends = run.ends
+        m0 = run.done
+        cnt = upto - m0
+        last = ends[upto - 1]
+        shared_max = 0.0
+        if cnt > 1:
+            hists = self.tbt
+            counts = run.tier_counts.items()
+            prev = ends[m0]
+            for m in range(m0 + 1, upto):
+                e = ends[m]
+                gap = e - prev
+                prev = e
+                if gap > shared_max:
+                    shared_max = gap
+                for tier, c in counts:
+                    hists[tier].add(gap, c)
+        bs = self.block_size
+        first_end = ends[m0]
+        extra_tok = 1 if in_flight else 0
+        free = self.free_blocks
+        for r in run.batch:
+            c = r.num_computed_tokens + cnt
+            r.num_computed_tokens = c
+            r.num_tokens += cnt
+            r.num_generated += cnt
+            gap = first_end - r.last_token_s
+            self.tbt[r.request.tier].add(gap)
+            if shared_max > gap:
+                gap = shared_max
+            if gap > r.tbt_max_s:
+                r.tbt_max_s = gap
+            r.last_token_s = last
+            need = -(-(c + extra_tok) // bs) - r.num_blocks
+            if need > 0:
+                r.num_blocks += need
+                free -= need
+        if free < 0:
+            raise AssertionError(f"replica {self.index}: KV over capacity during a decode run")
+        self.free_blocks = free
+        used = self.total_blocks - free
+        if used > self.max_used_blocks:
+            self.max_used_blocks = used
+        run.done = upto
+
+    def _end_run(self, version: int) -> None:
+        if version != self._version:
+            return
+        run = self._run
+        now = self.loop.now
+        self._apply_run(run, len(run.ends), in_flight=False)
+        self._run = None
+        for r in run.batch:
+            if r.num_generated >= r.request.output_tokens:
+                self._finish(r, now)
+        self._start_next()
+
+    def _truncate_run(self, now: float) -> None:
+        """End the current run after the iteration in flight at `now` (it cannot be interrupted)."""
+        run = self._run
+        self.sync()
+        ends = run.ends
+        keep = run.done + 1
+        if keep < len(ends):
+            dropped = ends[-1] - ends[keep - 1]
+            self.busy_s -= dropped
+            self.iterations -= len(ends) - keep
+            self.kv_block_seconds -= (self.total_blocks - self.free_blocks) * dropped
+            del ends[keep:]
+            self._version += 1
+            self.loop.at(ends[-1], RANK_ITERATION_END, self._end_run, self._version)
+
+    # ----- used by migration -----
+    def remove(self, state: RequestState) -> None:
+        """Take a request off this replica (migration source), returning its blocks."""
+        self.sync()
+        if self._run is not None and state in self._run.batch:
+            raise PolicyError(f"request {state.id} is in a decode run on replica {self.index}; truncate first")
+        if state.status == Status.RUNNING:
+            self.running.remove(state)
+        elif state.status == Status.SWAPPED:
+            self.swapped.remove(state)
+        else:
+            self.waiting.remove(state)
+        self.free_blocks += state.num_blocks
+        state.num_blocks = 0

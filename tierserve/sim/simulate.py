@@ -1,0 +1,130 @@
+"""Build a cluster from its config, run a request stream through it, and return what happened."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from tierserve.core import Request, RequestState, Status
+from tierserve.core.histogram import LogHistogram
+from tierserve.hardware.specs import get_model
+from tierserve.hardware.memory import kv_capacity_blocks, swap_time_s
+from tierserve.policies.cluster import CLUSTER_POLICIES
+from tierserve.policies.local import LOCAL_POLICIES
+from tierserve.sim.cluster import Cluster
+from tierserve.sim.config import ClusterConfig
+from tierserve.sim.events import EventLoop
+from tierserve.sim.replica import Replica
+
+
+@dataclass
+class SimResult:
+    """Everything a run produced. Every request that entered is in `states`, each with an outcome."""
+
+    states: list[RequestState]
+    reasons: dict[int, str]
+    tbt_by_tier: list[LogHistogram]
+    duration_s: float
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+class RejectionRule:
+    """Requests that can never be served on these replicas are rejected on arrival, with a reason."""
+
+    def __init__(self, total_blocks: int, block_size: int, max_model_len: int, max_prompt: int | None) -> None:
+        self.capacity_tokens = total_blocks * block_size
+        self.max_model_len = max_model_len
+        self.max_prompt = max_prompt
+
+    def __call__(self, r: Request) -> str | None:
+        total = r.prompt_tokens + r.output_tokens
+        if total > self.capacity_tokens:
+            return f"prompt+output = {total} tokens exceeds the replica's KV capacity of {self.capacity_tokens} tokens"
+        if total > self.max_model_len:
+            return f"prompt+output = {total} tokens exceeds max_model_len {self.max_model_len}"
+        if self.max_prompt is not None and total - 1 > self.max_prompt:
+            return (f"prompt+output-1 = {total - 1} tokens cannot be (re)computed in one batch of at most "
+                    f"{self.max_prompt} tokens (policy without chunked prefill)")
+        return None
+
+
+def build_replicas(cfg: ClusterConfig, loop: EventLoop, num_tiers: int, predictor=None) -> tuple[list[Replica], RejectionRule]:
+    rc = cfg.replica
+    if predictor is None:
+        from tierserve.hardware.exec_model import build_execution_model
+        predictor = build_execution_model(rc.model, rc.gpu, rc.tp)
+    total_blocks = rc.num_blocks or kv_capacity_blocks(rc.model, rc.gpu, rc.tp, rc.gpu_memory_utilization, rc.block_size)
+    swap_per_block = swap_time_s(1, rc.model, rc.gpu, rc.tp, rc.block_size)
+    replicas = []
+    for i in range(cfg.num_replicas):
+        policy = LOCAL_POLICIES.create(cfg.local_policy, **cfg.local_policy_params)
+        replicas.append(Replica(
+            i, policy, predictor, loop, total_blocks=total_blocks, block_size=rc.block_size,
+            token_budget=rc.token_budget or policy.default_token_budget,
+            max_num_seqs=rc.max_num_seqs or policy.default_max_num_seqs,
+            watermark_blocks=int(rc.watermark_fraction * total_blocks),
+            swap_time_per_block_s=swap_per_block, num_tiers=num_tiers,
+            on_finish=lambda s: None, skip_ahead=cfg.skip_ahead))
+    policy0 = replicas[0].policy
+    limits = [rc.max_model_len or get_model(rc.model).max_model_len]
+    if policy0.max_request_tokens() is not None:
+        limits.append(policy0.max_request_tokens())
+    rule = RejectionRule(total_blocks, rc.block_size, min(limits), policy0.max_prompt_tokens(replicas[0].token_budget))
+    return replicas, rule
+
+
+def simulate(cfg: ClusterConfig, requests: Sequence[Request], num_tiers: int = 1, seed: int = 0,
+             predictor=None) -> SimResult:
+    """Run `requests` (sorted by arrival) through the cluster described by `cfg`.
+
+    `predictor` overrides the execution-time model built from the config (tests use simple ones).
+    """
+    for i in range(1, len(requests)):
+        if requests[i].arrival_s < requests[i - 1].arrival_s:
+            raise ValueError(f"requests must be sorted by arrival: request {requests[i].id} arrives at "
+                             f"{requests[i].arrival_s} before request {requests[i - 1].id} at {requests[i - 1].arrival_s}")
+    num_tiers = max([num_tiers] + [r.tier + 1 for r in requests])
+    wall0 = time.perf_counter()
+    loop = EventLoop()
+    replicas, rule = build_replicas(cfg, loop, num_tiers, predictor)
+    policy = CLUSTER_POLICIES.create(cfg.cluster_policy, **cfg.cluster_policy_params)
+    migration = None
+    if getattr(policy, "migrates", False):
+        from tierserve.sim.migration import MigrationExecutor
+        migration = MigrationExecutor(replicas, loop, cfg)
+    cluster = Cluster(replicas, policy, loop, requests, rule, seed=seed, migration_executor=migration)
+    if migration is not None:
+        migration.bind(cluster)
+    cluster.start()
+    loop.run(until=cfg.time_limit_s if cfg.time_limit_s else float("inf"))
+    for r in replicas:
+        r.sync()
+    reasons = dict(cluster.reasons)
+    for s in cluster.states:
+        if s.status not in (Status.FINISHED, Status.REJECTED):
+            reasons[s.id] = f"still {s.status.name.lower()} at the time limit {cfg.time_limit_s} s"
+    for r in requests[len(cluster.states):]:    # never arrived before the time limit
+        reasons[r.id] = f"arrives after the time limit {cfg.time_limit_s} s"
+        cluster.states.append(RequestState(r))
+    tbt = [LogHistogram() for _ in range(num_tiers)]
+    for rep in replicas:
+        for t, h in enumerate(rep.tbt):
+            tbt[t].merge(h)
+    duration = loop.now
+    kv_util = sum(rep.kv_block_seconds / (rep.total_blocks * duration) for rep in replicas) / len(replicas) if duration > 0 else 0.0
+    stats = {
+        "wall_s": time.perf_counter() - wall0,
+        "events": loop.events_processed,
+        "iterations": sum(r.iterations for r in replicas),
+        "preemptions": sum(r.preemptions for r in replicas),
+        "kv_blocks_per_replica": replicas[0].total_blocks,
+        "kv_utilization_mean": kv_util,
+        "kv_utilization_max": max(r.max_used_blocks for r in replicas) / replicas[0].total_blocks,
+        "busy_fraction": sum(r.busy_s for r in replicas) / (len(replicas) * duration) if duration > 0 else 0.0,
+    }
+    if migration is not None:
+        stats.update(migration.stats())
+    for rep in replicas:
+        if rep.free_blocks != rep.total_blocks and not (rep.running or rep.swapped):
+            raise AssertionError(f"replica {rep.index}: {rep.total_blocks - rep.free_blocks} KV blocks never returned")
+    return SimResult(cluster.states, reasons, tbt, duration, stats)
