@@ -90,29 +90,35 @@ def mape(pred: np.ndarray, meas: np.ndarray) -> float:
 def fit_gemm(model: ModelSpec, gpu: GPUSpec, tp: int, op: str, tokens: np.ndarray, ms: np.ndarray,
              correct: bool = True) -> GemmFit:
     """Grid-search the roofline's two efficiencies and launch overhead on log error, then knot corrections."""
-    flops, nbytes = gemm_flops_bytes(model, tp, op, tokens)
+    _, nbytes = gemm_flops_bytes(model, tp, op, tokens)
     effs = np.linspace(0.15, 1.0, 52)
-    t_flop = flops[None, :] / (gpu.peak_flops * effs[:, None]) * 1e3   # [eff, row]
     t_mem = nbytes[None, :] / (gpu.hbm_bytes_per_s * effs[:, None]) * 1e3
-    best = (math.inf, 0.7, 0.8, 0.0)
+    best = (math.inf, 0.7, 0.8, 0.0, 1)
     logm = np.log(ms)
-    for oh in (0.0, 0.002, 0.004, 0.006, 0.01):
-        pred = np.maximum(t_flop[:, None, :], t_mem[None, :, :]) + oh         # [ef, eb, row]
-        err = np.mean(np.abs(np.log(pred) - logm), axis=2)
-        i, j = np.unravel_index(int(np.argmin(err)), err.shape)
-        if err[i, j] < best[0]:
-            best = (float(err[i, j]), float(effs[i]), float(effs[j]), oh)
-    fit = GemmFit(best[1], best[2], best[3])
+    for tile in (1, 64, 128):
+        flops, _ = gemm_flops_bytes(model, tp, op, np.ceil(tokens / tile) * tile)
+        t_flop = flops[None, :] / (gpu.peak_flops * effs[:, None]) * 1e3   # [eff, row]
+        for oh in (0.0, 0.002, 0.004, 0.006, 0.01, 0.015):
+            pred = np.maximum(t_flop[:, None, :], t_mem[None, :, :]) + oh         # [ef, eb, row]
+            err = np.mean(np.abs(np.log(pred) - logm), axis=2)
+            i, j = np.unravel_index(int(np.argmin(err)), err.shape)
+            if err[i, j] < best[0]:
+                best = (float(err[i, j]), float(effs[i]), float(effs[j]), oh, tile)
+    fit = GemmFit(best[1], best[2], best[3], tile_tokens=best[4])
     if not correct:
         return fit
     ratio = ms / fit.raw_ms(model, gpu, tp, op, tokens)
     lt = np.log2(np.maximum(tokens, 1.0))
     knots = np.arange(0.0, math.ceil(lt.max()) + 1.0)
-    factors = []
-    for k in knots:
+    factors = np.full(len(knots), np.nan)
+    for i, k in enumerate(knots):
         near = np.abs(lt - k) <= 0.5
-        factors.append(float(np.median(ratio[near])) if near.any() else 1.0)
-    return GemmFit(fit.eff_flop, fit.eff_bw, fit.overhead_ms, tuple(knots.tolist()), tuple(factors))
+        if near.any():
+            factors[i] = float(np.median(ratio[near]))
+    have = np.isfinite(factors)   # knots without rows take their neighbours' interpolated factor
+    factors = np.interp(knots, knots[have], factors[have])
+    return GemmFit(fit.eff_flop, fit.eff_bw, fit.overhead_ms, tuple(knots.tolist()), tuple(factors.tolist()),
+                   fit.tile_tokens)
 
 
 def fit_linear(x: np.ndarray, ms: np.ndarray) -> LinearFit:
@@ -397,12 +403,13 @@ def fit_allreduce(path: str | Path) -> tuple[dict[int, AllReduceFit], list[FitRe
 
 def gemm_to_json(f: GemmFit) -> dict[str, Any]:
     return {"eff_flop": round(f.eff_flop, 5), "eff_bw": round(f.eff_bw, 5), "overhead_ms": f.overhead_ms,
-            "corr_log2t": list(f.corr_log2t), "corr_factor": [round(c, 5) for c in f.corr_factor]}
+            "corr_log2t": list(f.corr_log2t), "corr_factor": [round(c, 5) for c in f.corr_factor],
+            "tile_tokens": f.tile_tokens}
 
 
 def gemm_from_json(d: dict[str, Any]) -> GemmFit:
     return GemmFit(float(d["eff_flop"]), float(d["eff_bw"]), float(d["overhead_ms"]),
-                   tuple(d.get("corr_log2t", ())), tuple(d.get("corr_factor", ())))
+                   tuple(d.get("corr_log2t", ())), tuple(d.get("corr_factor", ())), int(d.get("tile_tokens", 1)))
 
 
 def layerfit_to_json(lf: LayerFit) -> dict[str, Any]:
@@ -432,3 +439,123 @@ def allreduce_to_json(a: AllReduceFit) -> dict[str, Any]:
 
 def allreduce_from_json(d: dict[str, Any]) -> AllReduceFit:
     return AllReduceFit(int(d["num_workers"]), tuple(d["log2_bytes"]), tuple(d["ms"]))
+
+
+# ------------------------------------------------------------------------------------------ whole sets
+
+
+def fit_profile_tree(root: str | Path) -> tuple["CoefficientStore", list[FitReport]]:
+    """Fit everything a Vidur-format `profiling/` folder holds: compute/<gpu>/<org>/<model>/mlp.csv for every
+    known model/GPU, the attention extracts, and network/<node>/all_reduce.csv."""
+    from tierserve.hardware.coefficients import CoefficientStore
+
+    base = Path(root)
+    if not base.is_dir():
+        raise ProfileError(base, None, "profile folder not found")
+    store = CoefficientStore(meta={"source": str(base.name), "holdout_fraction": HOLDOUT_FRACTION,
+                                   "units": "per-layer milliseconds, one TP shard"})
+    reports: list[FitReport] = []
+    for g in known_gpus():
+        for m in known_models():
+            if not (g.profile_dir and m.profile_dir):
+                continue
+            p = base / "compute" / g.profile_dir / m.profile_dir / "mlp.csv"
+            if p.is_file():
+                fits, reps = fit_mlp_profile(p, m, g)
+                store.layers.setdefault(g.name, {})[m.name] = fits
+                reports += reps
+    # the reference attention fit (index 0) is the current Vidur FlashInfer profile; others are exact-geometry
+    attn_sources = [
+        (base / "compute/a100/meta-llama/Meta-Llama-3-8B/attention_PARTIAL_extract.csv", "Llama-3-8B", "a100"),
+        (base / "legacy_a100_acb95f6/attention.csv", "Llama-2-70B", "a100"),
+    ]
+    for p, mname, gname in attn_sources:
+        if p.is_file():
+            fit, reps = fit_attention_profile(p, mname, gname)
+            store.attention.append(fit)
+            reports += reps
+    for g in known_gpus():
+        if g.network_dir:
+            p = base / "network" / g.network_dir / "all_reduce.csv"
+            if p.is_file():
+                store.allreduce[g.network_dir], reps = fit_allreduce(p)
+                reports += reps
+    if not (store.layers or store.attention or store.allreduce):
+        raise ProfileError(base, None, "no Vidur-format profiles (compute/*/*/*/mlp.csv, network/*/all_reduce.csv)")
+    store.meta["fit_error_pct"] = summarise_reports(reports)
+    return store, reports
+
+
+def summarise_reports(reports: list[FitReport]) -> dict[str, dict[str, float]]:
+    """Held-out MAPE per operator (over all configs) and per model/GPU (over all operators)."""
+    by_op: dict[str, list[float]] = {}
+    by_key: dict[str, list[float]] = {}
+    for r in reports:
+        if math.isnan(r.mape_test):
+            continue
+        op = r.op.split("(n=")[0]
+        by_op.setdefault(op, []).append(r.mape_test)
+        k = "/".join(r.key.split("/")[:2])
+        by_key.setdefault(k, []).append(r.mape_test)
+    return {"per_operator": {k: round(float(np.mean(v)), 2) for k, v in sorted(by_op.items())},
+            "per_model_gpu": {k: round(float(np.mean(v)), 2) for k, v in sorted(by_key.items())}}
+
+
+# ------------------------------------------------------------------------------------- iteration logs
+
+ITERATION_COLUMNS = ("prefill_tokens", "decode_count", "decode_context_sum", "measured_ms")
+
+
+@dataclass(slots=True)
+class IterationFit:
+    """DESIGN.md's linear model t = c0 + c1·P + c2·B + c3·pairs + c4·C (seconds), fitted on measurements."""
+
+    c0_s: float
+    c_prefill_tok_s: float
+    c_decode_tok_s: float
+    c_pair_s: float
+    c_ctx_s: float
+    n_rows: int
+    mape_test: float
+    source: str = ""
+
+    def to_model(self, name: str = "iteration-fit"):
+        from tierserve.hardware.exec_model import model_from_linear_coefficients
+        return model_from_linear_coefficients(name, self.c0_s, self.c_prefill_tok_s, self.c_decode_tok_s,
+                                              self.c_pair_s, self.c_ctx_s)
+
+
+def calibrate_from_iterations(csv_path: str | Path) -> IterationFit:
+    """Fit the linear model from a log of measured iterations.
+
+    Columns: prefill_tokens, decode_count, decode_context_sum, measured_ms, and either prefill_attn_pairs or
+    prefill_context (tokens cached before the chunk; pairs = P·(ctx + P/2), one chunk per row).
+    """
+    p = Path(csv_path)
+    rows = read_rows(p, ITERATION_COLUMNS)
+    if "prefill_attn_pairs" in rows[0]:
+        pairs = column(rows, "prefill_attn_pairs", p)
+    elif "prefill_context" in rows[0]:
+        ctx = column(rows, "prefill_context", p)
+        pt = column(rows, "prefill_tokens", p)
+        pairs = pt * (ctx + pt / 2.0)
+    else:
+        raise ProfileError(p, "prefill_attn_pairs", "missing required column (or give prefill_context)")
+    cols = {c: column(rows, c, p) for c in ITERATION_COLUMNS}
+    for c, v in cols.items():
+        bad = ~np.isfinite(v)
+        if bad.any():
+            raise ProfileError(p, c, f"row {int(np.argmax(bad)) + 2}: empty or non-numeric value")
+    if not np.isfinite(pairs).all():
+        raise ProfileError(p, "prefill_attn_pairs", "empty or non-numeric value")
+    y = cols["measured_ms"] * 1e-3
+    if (y <= 0).any():
+        raise ProfileError(p, "measured_ms", "values must be positive")
+    x = np.stack([np.ones_like(y), cols["prefill_tokens"], cols["decode_count"], pairs,
+                  cols["decode_context_sum"]], axis=1)
+    if len(y) < 5:
+        raise ProfileError(p, None, f"need at least 5 rows to fit 5 coefficients, got {len(y)}")
+    test = holdout_mask(len(y)) if len(y) >= 20 else np.zeros(len(y), bool)
+    coef = fit_nonneg(x[~test], y[~test])
+    err = mape(x[test] @ coef, y[test]) if test.any() else mape(x @ coef, y)
+    return IterationFit(*(float(c) for c in coef), n_rows=len(y), mape_test=err, source=str(p))

@@ -59,9 +59,12 @@ class GemmFit:
     overhead_ms: float = DEFAULT_LAUNCH_MS
     corr_log2t: tuple[float, ...] = ()
     corr_factor: tuple[float, ...] = ()
+    tile_tokens: int = 1   # wave quantisation: compute runs on whole tiles of this many tokens
 
     def raw_ms(self, model: ModelSpec, gpu: GPUSpec, tp: int, op: str, tokens: np.ndarray) -> np.ndarray:
-        flops, nbytes = gemm_flops_bytes(model, tp, op, tokens)
+        t = np.asarray(tokens, dtype=float)
+        flops, _ = gemm_flops_bytes(model, tp, op, np.ceil(t / self.tile_tokens) * self.tile_tokens)
+        _, nbytes = gemm_flops_bytes(model, tp, op, t)
         t_flop = flops / (gpu.peak_flops * self.eff_flop) * 1e3
         t_mem = nbytes / (gpu.hbm_bytes_per_s * self.eff_bw) * 1e3
         return np.maximum(t_flop, t_mem) + self.overhead_ms

@@ -70,6 +70,7 @@ class Cluster:
         self.num_ended = 0
         self._next_arrival = 0
         self.migration = migration_executor
+        self.progress = None                          # optional callable(num_arrived, num_total)
         policy.setup(len(replicas), seed)
         for r in replicas:
             r.on_finish = self._on_finish
@@ -92,6 +93,8 @@ class Cluster:
             self.loop.at(self.requests[i + 1].arrival_s, RANK_ARRIVAL, self._arrive)
         state = RequestState(request)
         self.states.append(state)
+        if self.progress is not None and (i & 1023) == 0:
+            self.progress(i, len(self.requests))
         reason = self.reject_reason(request)
         if reason is not None:
             state.status = Status.REJECTED

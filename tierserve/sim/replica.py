@@ -64,6 +64,9 @@ class Replica:
         self._busy = False
         self._version = 0
         self._batch: list[tuple[RequestState, int]] = []
+        self._pause_requests: list[tuple[RequestState, Callable[[bool], None]]] = []
+        self.paused: list[RequestState] = []      # held KV, not scheduled (final stage of a migration)
+        self.reserved_blocks = 0                  # held for incoming migrations
         # Statistics.
         self.iterations = 0
         self.busy_s = 0.0
@@ -233,6 +236,7 @@ class Replica:
         self._batch = []
         for r in finished:
             self._finish(r, now)
+        self._settle_pauses()
         self._start_next()
 
     def _emit_token(self, r: RequestState, now: float) -> None:
@@ -373,6 +377,7 @@ class Replica:
         for r in run.batch:
             if r.num_generated >= r.request.output_tokens:
                 self._finish(r, now)
+        self._settle_pauses()
         self._start_next()
 
     def _truncate_run(self, now: float) -> None:
@@ -390,17 +395,86 @@ class Replica:
             self._version += 1
             self.loop.at(ends[-1], RANK_ITERATION_END, self._end_run, self._version)
 
-    # ----- used by migration -----
-    def remove(self, state: RequestState) -> None:
-        """Take a request off this replica (migration source), returning its blocks."""
-        self.sync()
-        if self._run is not None and state in self._run.batch:
-            raise PolicyError(f"request {state.id} is in a decode run on replica {self.index}; truncate first")
-        if state.status == Status.RUNNING:
-            self.running.remove(state)
-        elif state.status == Status.SWAPPED:
+    # ----- used by live migration (the simulator's migration executor) -----
+    def in_flight(self, state: RequestState) -> bool:
+        """True if `state` is part of the iteration (or decode run) executing now."""
+        if self._run is not None:
+            return state in self._run.batch
+        return any(r is state for r, _ in self._batch)
+
+    def pause(self, state: RequestState, on_paused: Callable[[bool], None]) -> None:
+        """Stop scheduling a running request once the iteration in flight ends; its KV blocks stay held.
+
+        `on_paused(True)` fires when it is paused; `on_paused(False)` if it finished, was preempted, or
+        left this replica first (the migration then aborts and nothing is lost).
+        """
+        if state.status != Status.RUNNING or state.replica != self.index:
+            on_paused(False)
+            return
+        if not self.in_flight(state):
+            self._pause_now(state)
+            on_paused(True)
+            return
+        self._pause_requests.append((state, on_paused))
+        if self._run is not None:
+            self._truncate_run(self.loop.now)
+
+    def _pause_now(self, state: RequestState) -> None:
+        self.running.remove(state)
+        state.status = Status.MIGRATING
+        self.paused.append(state)
+
+    def _settle_pauses(self) -> None:
+        if not self._pause_requests:
+            return
+        pending, self._pause_requests = self._pause_requests, []
+        for state, cb in pending:
+            ok = state.status == Status.RUNNING and state.replica == self.index
+            if ok:
+                self._pause_now(state)
+            cb(ok)
+
+    def release_paused(self, state: RequestState) -> None:
+        """Migration committed: the paused request leaves; its blocks here are freed."""
+        self.paused.remove(state)
+        self.free_blocks += state.num_blocks
+        state.num_blocks = 0
+        self.poke()
+
+    def resume_paused(self, state: RequestState) -> None:
+        """Migration aborted: the paused request runs here again, KV intact."""
+        self.paused.remove(state)
+        state.status = Status.RUNNING
+        self.running.append(state)
+        self.poke()
+
+    def reserve_blocks(self, n: int) -> bool:
+        """Hold n free blocks for an incoming migration (Llumnix pre-allocates on the destination)."""
+        if n > self.free_blocks - self.watermark_blocks:
+            return False
+        self.free_blocks -= n
+        self.reserved_blocks += n
+        return True
+
+    def unreserve_blocks(self, n: int) -> None:
+        self.free_blocks += n
+        self.reserved_blocks -= n
+        self.poke()
+
+    def adopt(self, state: RequestState, reserved: int) -> None:
+        """Migration committed: take over a running request whose KV was copied into `reserved` blocks."""
+        self.reserved_blocks -= reserved
+        state.num_blocks = reserved
+        state.replica = self.index
+        state.status = Status.RUNNING
+        state.num_migrations += 1
+        self.running.append(state)
+        self.poke()
+
+    def withdraw_waiting(self, state: RequestState) -> None:
+        """Take a queued request (no KV, or swapped) off this replica so it can be enqueued elsewhere."""
+        if state.status == Status.SWAPPED:
             self.swapped.remove(state)
         else:
             self.waiting.remove(state)
-        self.free_blocks += state.num_blocks
-        state.num_blocks = 0
+        state.replica = -1

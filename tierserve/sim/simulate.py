@@ -74,7 +74,7 @@ def build_replicas(cfg: ClusterConfig, loop: EventLoop, num_tiers: int, predicto
 
 
 def simulate(cfg: ClusterConfig, requests: Sequence[Request], num_tiers: int = 1, seed: int = 0,
-             predictor=None) -> SimResult:
+             predictor=None, progress=None) -> SimResult:
     """Run `requests` (sorted by arrival) through the cluster described by `cfg`.
 
     `predictor` overrides the execution-time model built from the config (tests use simple ones).
@@ -95,6 +95,7 @@ def simulate(cfg: ClusterConfig, requests: Sequence[Request], num_tiers: int = 1
     cluster = Cluster(replicas, policy, loop, requests, rule, seed=seed, migration_executor=migration)
     if migration is not None:
         migration.bind(cluster)
+    cluster.progress = progress
     cluster.start()
     loop.run(until=cfg.time_limit_s if cfg.time_limit_s else float("inf"))
     for r in replicas:

@@ -180,7 +180,7 @@ def servegen(model: str, mean_rate: float, period_s: float | None = None, cv: fl
 
 @dataclass(frozen=True, slots=True)
 class TraceArrivals:
-    """Replays trace timestamps (rebased to 0 at the first). `target_rate` rescales time so the mean rate
+    """Replays trace timestamps exactly as read (no rebasing). `target_rate` rescales time so the mean rate
     (n−1)/duration of the replayed prefix equals it. `tick_s` spreads arrivals uniformly inside quantised
     ticks (Mooncake's ~3 s ticks) and keeps them in row order."""
 
@@ -201,16 +201,14 @@ class TraceArrivals:
         t = np.asarray(self.times_s[:n], float)
         if n == 0:
             return t
-        t = t - t[0]
         if self.tick_s is not None:
             t = np.sort(t + rng.uniform(0.0, self.tick_s, n))
-            t -= t[0]
         if self.target_rate is not None and n > 1:
-            duration = t[-1]
+            duration = t[-1] - t[0]
             if duration <= 0:
                 raise ConfigError("arrivals.target_rate", self.target_rate,
                                   "only with a trace whose arrivals span a positive duration")
-            t = t * ((n - 1) / duration) / self.target_rate
+            t = t * ((n - 1) / duration) / self.target_rate  # scaling about t = 0 keeps a trace's start offset
         return t
 
 

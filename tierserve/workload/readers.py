@@ -95,9 +95,15 @@ def _check_min_output(min_output: int | None) -> None:
 
 # ---- row sources ------------------------------------------------------------------------------------------
 
+def _check_file(path: Path) -> None:
+    if not path.is_file():
+        raise TraceError(str(path), None, "<file>", str(path), "file not found")
+
+
 def _csv_rows(path: Path, required: tuple[str, ...]) -> tuple[list[str], list[dict[str, str]]]:
     """Header and rows of a CSV file; errors on an empty file or a missing column."""
     src = str(path)
+    _check_file(path)
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         header = reader.fieldnames
@@ -136,9 +142,8 @@ def _finish(rows: list[TraceRow], src: str, sort: bool, has_arrivals: bool) -> l
 
 
 def _parse_columnar(path: Path, cols: tuple[str, str, str | None], *, num_tiers: int | None,
-                    min_output: int | None, sort: bool, time_scale: float = 1.0,
-                    rebase: bool = False, optional_tier: bool = False, optional_app: bool = False
-                    ) -> ReadResult:
+                    min_output: int | None, sort: bool, optional_tier: bool = False,
+                    optional_app: bool = False) -> ReadResult:
     """Shared CSV path: (arrival column or None, prompt column, output column)."""
     _check_min_output(min_output)
     src = str(path)
@@ -148,15 +153,11 @@ def _parse_columnar(path: Path, cols: tuple[str, str, str | None], *, num_tiers:
     has_tier = optional_tier and "tier" in header
     has_app = optional_app and "app" in header
     out = ReadResult(source=src)
-    t0: float | None = None
     for i, rec in enumerate(recs, start=1):
         arrival = None
         if a_col is not None:
-            arrival = _parse_float(src, i, a_col, _cell(src, i, rec, a_col)) * time_scale
-            if rebase:
-                t0 = arrival if t0 is None else t0
-                arrival -= t0
-            elif arrival < 0:
+            arrival = _parse_float(src, i, a_col, _cell(src, i, rec, a_col))
+            if arrival < 0:
                 raise TraceError(src, i, a_col, rec[a_col], "arrival time must be >= 0")
         prompt = _parse_tokens(src, i, p_col, _cell(src, i, rec, p_col), 1)
         output, clamped = _parse_output(src, i, o_col, _cell(src, i, rec, o_col), min_output)
@@ -227,6 +228,7 @@ def read_mooncake_rows(path: str | Path, *, min_output: int | None = None, sort:
     path = Path(path)
     src = str(path)
     out = ReadResult(source=src)
+    _check_file(path)
     with open(path) as f:
         lines = [(i, ln) for i, ln in enumerate(f, start=1) if ln.strip()]
     if not lines:
@@ -256,6 +258,7 @@ def read_vidur_rows(path: str | Path, *, min_output: int | None = None, sort: bo
     """Vidur processed trace: `arrived_at,num_prefill_tokens,num_decode_tokens`, or a length-only file
     (no `arrived_at`; rows then have arrival None)."""
     path = Path(path)
+    _check_file(path)
     with open(path, newline="") as f:
         first = f.readline()
     has_arrival = "arrived_at" in [c.strip() for c in first.strip().split(",")]

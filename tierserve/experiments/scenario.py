@@ -1,0 +1,87 @@
+"""A scenario = a cluster + a workload + a seed. Loading (validated YAML), running, and writing outputs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tierserve.core import ConfigError
+from tierserve.metrics import RequestTable, RunSummary, TokenTBT, summarize, write_outputs
+from tierserve.sim import ClusterConfig, SimResult, simulate
+from tierserve.workload import Workload, WorkloadConfig, build_workload, default_workload
+
+
+class ScenarioConfig(BaseModel):
+    """Everything needed to reproduce a run; printed into every output directory."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field("default", description="A label for the run.")
+    seed: int = Field(0, description="Seeds the workload and every random choice of the policies.")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    workload: WorkloadConfig = Field(default_factory=default_workload)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ScenarioConfig:
+        """Validate; a wrong field raises one ConfigError naming the field path, the value and the rule."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(p) for p in err["loc"]) or "scenario"
+            raise ConfigError(where, err.get("input"), err["msg"]) from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> ScenarioConfig:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError("--config", str(path), "an existing YAML file")
+        try:
+            data = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError("--config", str(path), f"valid YAML ({e})") from None
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError("--config", str(path), "a YAML mapping with keys name, seed, cluster, workload")
+        return cls.from_dict(data)
+
+
+@dataclass
+class ScenarioResult:
+    config: ScenarioConfig
+    workload: Workload
+    sim: SimResult
+    table: RequestTable
+    summary: RunSummary
+
+
+def token_tbt(sim: SimResult) -> TokenTBT:
+    """The simulator's per-tier TBT histograms as weighted samples."""
+    values, tiers, weights = [], [], []
+    for tier, hist in enumerate(sim.tbt_by_tier):
+        v, c = hist.items()
+        values += v
+        weights += c
+        tiers += [tier] * len(v)
+    return TokenTBT(values, tiers, weights)
+
+
+def run_scenario(cfg: ScenarioConfig, predictor=None, progress=None) -> ScenarioResult:
+    """Build the workload, simulate it, and summarise per tier."""
+    workload = build_workload(cfg.workload, cfg.seed if cfg.seed else None)
+    sim = simulate(cfg.cluster, workload.requests, num_tiers=len(workload.tier_set), seed=cfg.seed,
+                   predictor=predictor, progress=progress)
+    table = RequestTable.from_states(sim.states, sim.reasons)
+    extras = dict(sim.stats)
+    extras["clipped_prompts"] = workload.num_clipped
+    extras["clamped_outputs"] = workload.num_clamped
+    summary = summarize(table, token_tbt(sim), sim.duration_s, workload.tier_set, extras)
+    return ScenarioResult(cfg, workload, sim, table, summary)
+
+
+def write_result(result: ScenarioResult, outdir: str | Path) -> dict[str, Path]:
+    return write_outputs(outdir, result.table, result.summary, result.config.model_dump(mode="json"))

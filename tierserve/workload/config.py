@@ -1,0 +1,364 @@
+"""Workload configuration (pydantic v2, unknown fields rejected) and `build_requests`.
+
+Sections: `arrivals` (kind: poisson | gamma | piecewise | diurnal | servegen | trace), `lengths` (kind: fit |
+empirical | choice | trace), `tiers` (K, mix, SLOs or the Niyama preset), optional `trace` (path + format),
+`num_requests`, `seed`. Arrivals, lengths and tiers draw from independent child streams of `seed`, so
+changing one section leaves the others' draws unchanged.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tierserve.core.errors import ConfigError
+from tierserve.core.request import Request
+from tierserve.core.slo import SLO, Tier, TierSet
+from tierserve.workload import arrivals as arr
+from tierserve.workload import lengths as ln
+from tierserve.workload import tiers as tr
+from tierserve.workload.readers import ReadResult, TraceRow, read_rows
+
+PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---- arrivals ----------------------------------------------------------------------------------------------
+
+class PoissonConfig(_Section):
+    kind: Literal["poisson"] = "poisson"
+    rate: PosFloat = Field(description="mean arrival rate, requests/s")
+
+
+class GammaConfig(_Section):
+    kind: Literal["gamma"] = "gamma"
+    rate: PosFloat = Field(description="mean arrival rate, requests/s")
+    cv: PosFloat = Field(description="inter-arrival coefficient of variation (1 = Poisson)")
+
+
+class PiecewiseConfig(_Section):
+    kind: Literal["piecewise"] = "piecewise"
+    rates: list[Annotated[float, Field(ge=0, allow_inf_nan=False)]] = Field(description="rate per segment, req/s")
+    durations_s: list[PosFloat] = Field(description="segment lengths; the profile repeats periodically")
+    cv: PosFloat = Field(1.0, description="CV of the underlying renewal process")
+    mean_rate: PosFloat | None = Field(None, description="rescale the profile to this time-averaged rate")
+
+    @model_validator(mode="after")
+    def _same_length(self) -> PiecewiseConfig:
+        if len(self.rates) != len(self.durations_s) or not self.rates:
+            raise ValueError(f"rates: got {len(self.rates)} values; allowed: a non-empty list as long as "
+                             f"durations_s ({len(self.durations_s)})")
+        if sum(self.rates) <= 0:
+            raise ValueError(f"rates: got {self.rates}; allowed: at least one rate > 0")
+        return self
+
+
+class DiurnalConfig(_Section):
+    kind: Literal["diurnal"] = "diurnal"
+    mean_rate: PosFloat
+    amplitude: Annotated[float, Field(ge=0, le=1)] = Field(0.5, description="peak = mean·(1+amplitude)")
+    period_s: PosFloat = 86400.0
+    segments: Annotated[int, Field(ge=1)] = 48
+    cv: PosFloat = 1.0
+
+
+class ServeGenConfig(_Section):
+    kind: Literal["servegen"] = "servegen"
+    model: Literal["deepseek_r1", "m_large", "m_mid", "m_small"] = "deepseek_r1"
+    mean_rate: PosFloat = Field(description="the series' shape is rescaled to this mean rate")
+    period_s: PosFloat | None = Field(None, description="compress/stretch the whole series to this length")
+    cv: PosFloat = 1.0
+
+
+class TraceArrivalConfig(_Section):
+    kind: Literal["trace"] = "trace"
+    target_rate: PosFloat | None = Field(None, description="rescale trace time to this mean rate")
+    tick_s: PosFloat | None = Field(None, description="spread quantised timestamps inside ticks (Mooncake: 3)")
+
+
+ArrivalConfig = Annotated[Union[PoissonConfig, GammaConfig, PiecewiseConfig, DiurnalConfig, ServeGenConfig,
+                                TraceArrivalConfig], Field(discriminator="kind")]
+
+
+# ---- lengths -----------------------------------------------------------------------------------------------
+
+class _LengthBase(_Section):
+    max_total_tokens: Annotated[int, Field(ge=2)] | None = Field(
+        None, description="opt-in Vidur clip: cut prompts so prompt+output <= this; count reported")
+
+
+class FitLengthConfig(_LengthBase):
+    kind: Literal["fit"] = "fit"
+    dataset: str = Field("azure2023_conv", description="a key of data/length_fits.json")
+
+    @model_validator(mode="after")
+    def _known(self) -> FitLengthConfig:
+        known = sorted(ln.load_length_fits()["fits"])
+        if self.dataset not in known:
+            raise ValueError(f"dataset: got {self.dataset!r}; allowed: {' | '.join(known)}")
+        return self
+
+
+class EmpiricalLengthConfig(_LengthBase):
+    kind: Literal["empirical"] = "empirical"
+    dataset: str | None = Field(None, description="a shared dataset name (see lengths.DATASETS)")
+    path: str | None = Field(None, description="a file instead of a dataset name")
+    format: Literal["csv", "azure", "mooncake", "vidur", "vidur_run", "lengths"] = "csv"
+    replace: bool = Field(True, description="sample rows with replacement (False: distinct rows, as Vidur)")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EmpiricalLengthConfig:
+        if (self.dataset is None) == (self.path is None):
+            raise ValueError(f"dataset/path: got dataset={self.dataset!r}, path={self.path!r}; "
+                             "allowed: exactly one of them")
+        if self.dataset is not None and self.dataset not in ln.DATASETS:
+            raise ValueError(f"dataset: got {self.dataset!r}; allowed: {' | '.join(ln.DATASETS)}")
+        return self
+
+
+class ChoiceOption(_Section):
+    prompt: Annotated[int, Field(ge=1)]
+    output: Annotated[int, Field(ge=1)]
+    weight: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
+
+
+class ChoiceLengthConfig(_LengthBase):
+    kind: Literal["choice"] = "choice"
+    options: list[ChoiceOption] = Field(min_length=1)
+
+
+class TraceLengthConfig(_LengthBase):
+    kind: Literal["trace"] = "trace"
+
+
+LengthConfig = Annotated[Union[FitLengthConfig, EmpiricalLengthConfig, ChoiceLengthConfig, TraceLengthConfig],
+                         Field(discriminator="kind")]
+
+
+# ---- tiers and trace ---------------------------------------------------------------------------------------
+
+class SLOConfig(_Section):
+    ttft_s: PosFloat | None = None
+    tbt_s: PosFloat | None = None
+    ttlt_s: PosFloat | None = None
+    attainment: Annotated[float, Field(gt=0, le=1)] = 0.99
+
+    def to_slo(self) -> SLO:
+        return SLO(self.ttft_s, self.tbt_s, self.ttlt_s, self.attainment)
+
+
+class TiersConfig(_Section):
+    num_tiers: Annotated[int, Field(ge=1)] = 3
+    mix: Literal["uniform", "gaussian", "enterprise", "weights"] | None = Field(
+        None, description="default: the preset's mix (niyama: uniform), else enterprise")
+    weights: list[Annotated[float, Field(ge=0, allow_inf_nan=False)]] | None = None
+    sigma: PosFloat | None = Field(None, description="gaussian mix width in tiers (default K/4)")
+    slos: list[SLOConfig] | None = Field(None, description="one per tier; default tiers.default_slos(K)")
+    names: list[str] | None = None
+    preset: Literal["niyama"] | None = Field(None, description="niyama: Q1 TTFT 6 s/TBT 50 ms, Q2 TTLT 600 s, "
+                                                               "Q3 TTLT 1800 s, 1/3 each")
+    from_trace: bool = Field(True, description="use the trace's tier column when it has one")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TiersConfig:
+        k = self.num_tiers
+        if self.preset == "niyama" and k != 3:
+            raise ValueError(f"num_tiers: got {k}; allowed: 3 with preset 'niyama'")
+        if self.preset is not None and self.slos is not None:
+            raise ValueError("slos: got a list; allowed: null when a preset sets the SLOs")
+        if self.mix == "weights" and self.weights is None:
+            raise ValueError("weights: got null; allowed: a list of num_tiers weights when mix = 'weights'")
+        if self.weights is not None:
+            if self.mix not in (None, "weights"):
+                raise ValueError(f"weights: got a list; allowed: only with mix = 'weights' (mix is {self.mix!r})")
+            if len(self.weights) != k or sum(self.weights) <= 0:
+                raise ValueError(f"weights: got {self.weights}; allowed: {k} weights >= 0 with a positive sum")
+        for name, lst in (("slos", self.slos), ("names", self.names)):
+            if lst is not None and len(lst) != k:
+                raise ValueError(f"{name}: got {len(lst)} entries; allowed: exactly num_tiers = {k}")
+        return self
+
+    def mix_weights(self) -> np.ndarray:
+        if self.mix is None:
+            if self.weights is not None:
+                return tr.explicit_mix(self.weights, self.num_tiers)
+            if self.preset == "niyama":
+                return np.asarray(tr.NIYAMA_MIX)
+            return tr.enterprise_mix(self.num_tiers)
+        return tr.tier_mix(self.mix, self.num_tiers, self.weights, self.sigma)
+
+    def tier_set(self) -> TierSet:
+        if self.preset == "niyama":
+            base = tr.niyama_tier_set()
+        elif self.slos is not None:
+            base = TierSet.default(self.num_tiers, [s.to_slo() for s in self.slos])
+        else:
+            base = tr.default_tier_set(self.num_tiers)
+        if self.names is None:
+            return base
+        return TierSet([Tier(t.index, self.names[t.index], t.slo) for t in base])
+
+
+class TraceConfig(_Section):
+    path: str
+    format: Literal["csv", "azure", "mooncake", "vidur", "vidur_run"] = "csv"
+    sort: bool = Field(False, description="sort unsorted arrivals (default: error)")
+    min_output: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="clamp output 0 up to this (default: output 0 is an error)")
+
+
+class WorkloadConfig(_Section):
+    num_requests: Annotated[int, Field(ge=1)] | None = Field(
+        2000, description="requests to generate; null = every trace row (trace-driven only)")
+    seed: int = 0
+    arrivals: ArrivalConfig = PoissonConfig(rate=12.0)
+    lengths: LengthConfig = FitLengthConfig()
+    tiers: TiersConfig = TiersConfig()
+    trace: TraceConfig | None = None
+
+    @model_validator(mode="after")
+    def _trace_use(self) -> WorkloadConfig:
+        uses = self.arrivals.kind == "trace" or self.lengths.kind == "trace"
+        if uses and self.trace is None:
+            raise ValueError("trace: got null; allowed: a {path, format} section when arrivals or lengths "
+                             "have kind 'trace'")
+        if self.trace is not None and not uses:
+            raise ValueError("trace: got a section nobody uses; allowed: only with arrivals.kind or "
+                             "lengths.kind = 'trace'")
+        if self.num_requests is None and not uses:
+            raise ValueError("num_requests: got null; allowed: null only for trace-driven workloads")
+        return self
+
+    @classmethod
+    def from_dict(cls, data: dict) -> WorkloadConfig:
+        """Validate, turning pydantic's errors into one ConfigError naming the field, value and rule."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(p) for p in err["loc"]) or "workload"
+            raise ConfigError(where, err.get("input"), err["msg"]) from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> WorkloadConfig:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        if "workload" in data and len(data) == 1:
+            data = data["workload"]  # accept a file whose top level is `workload:`
+        return cls.from_dict(data)
+
+
+# ---- building --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Built requests plus what was done to them on request (clip/clamp counts are never silent)."""
+
+    requests: list[Request]
+    tier_set: TierSet
+    num_clipped: int = 0       # prompts cut by lengths.max_total_tokens
+    num_clamped: int = 0       # trace outputs raised from 0 by trace.min_output
+
+
+def _arrival_process(c, rows: list[TraceRow] | None):
+    if isinstance(c, PoissonConfig):
+        return arr.PoissonArrivals(c.rate)
+    if isinstance(c, GammaConfig):
+        return arr.GammaArrivals(c.rate, c.cv)
+    if isinstance(c, PiecewiseConfig):
+        p = arr.PiecewiseRateArrivals(tuple(c.rates), tuple(c.durations_s), c.cv)
+        return p.scaled_to(c.mean_rate) if c.mean_rate is not None else p
+    if isinstance(c, DiurnalConfig):
+        return arr.diurnal(c.mean_rate, c.amplitude, c.period_s, c.segments, c.cv)
+    if isinstance(c, ServeGenConfig):
+        return arr.servegen(c.model, c.mean_rate, c.period_s, c.cv)
+    assert rows is not None  # the config validator requires a trace for kind 'trace'
+    if rows and rows[0].arrival_s is None:
+        raise ConfigError("arrivals.kind", "trace", "a trace with arrival times (this file is length-only)")
+    return arr.TraceArrivals(tuple(float(r.arrival_s) for r in rows), c.target_rate, c.tick_s)  # type: ignore[arg-type]
+
+
+def _length_sampler(c, rows: list[TraceRow] | None):
+    if isinstance(c, FitLengthConfig):
+        return ln.fitted_lengths(c.dataset)
+    if isinstance(c, EmpiricalLengthConfig):
+        if c.dataset is not None:
+            return ln.EmpiricalLengths.from_dataset(c.dataset, c.replace)
+        return ln.EmpiricalLengths.from_file(c.path, c.format, c.replace)  # type: ignore[arg-type]
+    if isinstance(c, ChoiceLengthConfig):
+        return ln.ChoiceLengths(tuple(o.prompt for o in c.options), tuple(o.output for o in c.options),
+                                tuple(o.weight for o in c.options))
+    return None  # kind 'trace': rows in order
+
+
+def build_workload(cfg: WorkloadConfig, seed: int | None = None) -> Workload:
+    """Requests for `cfg` (sorted by arrival, ids 0..n-1), deterministic for a seed (default cfg.seed)."""
+    s = cfg.seed if seed is None else seed
+    rng_arr, rng_len, rng_tier = (np.random.default_rng(c) for c in np.random.SeedSequence(s).spawn(3))
+    tiers_cfg = cfg.tiers
+    read: ReadResult | None = None
+    if cfg.trace is not None:
+        read = read_rows(cfg.trace.path, cfg.trace.format, num_tiers=tiers_cfg.num_tiers,
+                         min_output=cfg.trace.min_output, sort=cfg.trace.sort)
+    rows = read.rows if read is not None else None
+    n = cfg.num_requests if cfg.num_requests is not None else len(rows)  # type: ignore[arg-type]
+    if rows is not None and cfg.lengths.kind == "trace" and n > len(rows):
+        raise ConfigError("num_requests", n, f"at most {len(rows)} (rows in {cfg.trace.path})")  # type: ignore[union-attr]
+
+    times = _arrival_process(cfg.arrivals, rows).sample(n, rng_arr)
+    sampler = _length_sampler(cfg.lengths, rows)
+    if sampler is None:
+        prompts = np.array([r.prompt_tokens for r in rows[:n]], np.int64)  # type: ignore[index]
+        outputs = np.array([r.output_tokens for r in rows[:n]], np.int64)  # type: ignore[index]
+    else:
+        prompts, outputs = sampler.sample(n, rng_len)
+    num_clipped = 0
+    if cfg.lengths.max_total_tokens is not None:
+        clip = ln.clip_total_tokens(prompts, outputs, cfg.lengths.max_total_tokens,
+                                    cfg.trace.path if cfg.trace and sampler is None else "lengths")
+        prompts, outputs, num_clipped = clip.prompts, clip.outputs, clip.num_clipped
+
+    tier_set = tiers_cfg.tier_set()
+    trace_tiers = (rows is not None and tiers_cfg.from_trace and cfg.lengths.kind == "trace"
+                   and len(rows) > 0 and rows[0].tier is not None)
+    if trace_tiers:
+        tiers = np.array([r.tier for r in rows[:n]], np.int64)  # type: ignore[index]
+    else:
+        tiers = tr.assign_tiers(n, tiers_cfg.mix_weights(), rng_tier)
+    apps = [r.app for r in rows[:n]] if sampler is None and rows is not None else [""] * n
+
+    reqs = [Request(id=i, arrival_s=float(times[i]), prompt_tokens=int(prompts[i]),
+                    output_tokens=int(outputs[i]), tier=int(tiers[i]), slo=tier_set[int(tiers[i])].slo,
+                    app=apps[i]) for i in range(n)]
+    return Workload(reqs, tier_set, num_clipped, read.num_clamped if read is not None else 0)
+
+
+def build_requests(cfg: WorkloadConfig, seed: int | None = None) -> list[Request]:
+    """`build_workload(cfg, seed).requests`."""
+    return build_workload(cfg, seed).requests
+
+
+def default_workload() -> WorkloadConfig:
+    """Built-in default, no files needed: 2,000 requests, Poisson 12 req/s, Azure-2023-conversation lengths
+    from the committed fit (clipped to Llama-3-8B's 8,192-token context, count reported), 3 tiers with the
+    enterprise mix (10/70/20) and default SLOs.
+
+    Rate: one Llama-3-8B/A100 replica saturates near 4–4.5 req/s of Azure conv (Vidur's reference run is
+    100% busy at 4 req/s), so 12 req/s over 4 replicas is ~3 req/s each, ≈ 70–75% load.
+    """
+    return WorkloadConfig(num_requests=2000, seed=0, arrivals=PoissonConfig(rate=12.0),
+                          lengths=FitLengthConfig(dataset="azure2023_conv", max_total_tokens=8192),
+                          tiers=TiersConfig(num_tiers=3, mix="enterprise"))
+
+
+def with_tier_slos(requests: list[Request], tier_set: TierSet) -> list[Request]:
+    """Attach each request's tier SLO (for requests read directly with a reader); checks tiers are in range."""
+    for r in requests:
+        tier_set.check_tier(r.tier, f"request {r.id}.tier")
+    return [replace(r, slo=tier_set[r.tier].slo) for r in requests]
