@@ -1,0 +1,104 @@
+"""Fidelity against Vidur: replay Vidur's reference runs (same requests) and print both side by side.
+
+Scenario (../shared/data/vidur/reference_runs/README.md): Llama-3-8B, A100-80GB, TP1, one replica,
+Poisson 4 req/s, splitwise_conv lengths; Vidur `vllm` (→ tierserve `vllm_v0`, token budget 4096) and
+`sarathi` (chunk 512), batch cap 128, KV block 16, watermark 1%, memory margin 10%.
+
+    python benchmarks/vidur_fidelity.py [--runs n1000,n10000] [--tolerance 0.15]
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+
+import numpy as np
+
+from tierserve.core.paths import shared_data
+from tierserve.metrics import RequestTable
+from tierserve.experiments.scenario import token_tbt
+from tierserve.sim import ClusterConfig, simulate
+from tierserve.workload import read_vidur_run
+
+POLICY = {"vllm": ("vllm_v0", 4096), "sarathi": ("sarathi", 512)}
+METRICS = [("TTFT p50", "ttft", 50), ("TTFT p90", "ttft", 90), ("E2E p50", "e2e", 50), ("E2E p90", "e2e", 90),
+           ("TBT p50", "tbt", 50)]
+# Known modelling differences, printed with the table so a gap is read for what it is.
+NOTES = [
+    "Vidur predicts decode attention from the batch's mean context (f(batch, avg kv)); tierserve sums each "
+    "decode's context (sum, not mean), which matters for mixed-length batches.",
+    "Vidur's KV-cache-write predictor jumps between 512- and 1024-token prefills (~1.7 → 15.9 ms, its own "
+    "~30% training error); tierserve's write cost is linear in tokens, so long prefills are cheaper here.",
+    "Vidur's attention model here was trained on an 876-row partial extract of the real profile.",
+    "Vidur's TBT is 'decode token execution plus preemption time' per token; tierserve's is the token-level "
+    "gap between consecutive tokens of a request (the same quantity when nothing else intervenes).",
+]
+
+
+def vidur_numbers(run_dir) -> dict[str, float]:
+    ttft, e2e = [], []
+    with open(run_dir / "request_metrics.csv") as f:
+        for row in csv.DictReader(f):
+            ttft.append(float(row["prefill_e2e_time"]))
+            e2e.append(float(row["request_e2e_time"]))
+    out = {"ttft": np.array(ttft), "e2e": np.array(e2e)}
+    with open(run_dir / "decode_token_execution_plus_preemption_time.csv") as f:
+        cdf = [(float(r["cdf"]), float(r["decode_token_execution_plus_preemption_time"])) for r in csv.DictReader(f)]
+    out["tbt_cdf"] = cdf
+    return out
+
+
+def pct(values: np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q))
+
+
+def cdf_quantile(cdf: list[tuple[float, float]], q: float) -> float:
+    ps, vs = zip(*cdf)
+    return float(np.interp(q / 100.0, ps, vs))
+
+
+def run(scheduler: str, n: str, tolerance: float) -> list[tuple[str, float, float, float, bool]]:
+    run_dir = shared_data("vidur", "reference_runs", f"l3_{scheduler}_poisson_qps4_{n}")
+    if run_dir is None:
+        raise SystemExit("../shared/data/vidur/reference_runs is absent: nothing to compare against")
+    requests = read_vidur_run(run_dir)
+    local, budget = POLICY[scheduler]
+    cfg = ClusterConfig(num_replicas=1, local_policy=local, cluster_policy="round_robin",
+                        replica={"model": "Llama-3-8B", "gpu": "A100-80GB", "tp": 1, "token_budget": budget,
+                                 "max_num_seqs": 128, "watermark_fraction": 0.01, "gpu_memory_utilization": 0.9})
+    res = simulate(cfg, requests)
+    table = RequestTable.from_states(res.states, res.reasons)
+    ours = {"ttft": table.ttft_s, "e2e": table.ttlt_s}
+    tbt = token_tbt(res)
+    vidur = vidur_numbers(run_dir)
+    rows = []
+    for label, key, q in METRICS:
+        v = cdf_quantile(vidur["tbt_cdf"], q) if key == "tbt" else pct(vidur[key], q)
+        t = tbt.quantile(q / 100.0) if key == "tbt" else pct(ours[key][~np.isnan(ours[key])], q)
+        err = (t - v) / v
+        rows.append((label, v, t, err, abs(err) <= tolerance))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", default="n1000,n10000")
+    ap.add_argument("--tolerance", type=float, default=0.15)
+    args = ap.parse_args(argv)
+    failed = 0
+    for scheduler in ("vllm", "sarathi"):
+        for n in args.runs.split(","):
+            print(f"\nVidur {scheduler} vs tierserve {POLICY[scheduler][0]} — {n} requests")
+            print(f"{'metric':<10} {'Vidur s':>10} {'tierserve s':>12} {'error':>8}  within ±{args.tolerance:.0%}")
+            for label, v, t, err, ok in run(scheduler, n, args.tolerance):
+                failed += not ok
+                print(f"{label:<10} {v:>10.4f} {t:>12.4f} {err:>+8.1%}  {'yes' if ok else 'NO'}")
+    print("\nWhere they differ, known reasons:")
+    for note in NOTES:
+        print(" - " + note)
+    print(f"\n{failed} metric(s) outside tolerance")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

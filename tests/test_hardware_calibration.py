@@ -1,0 +1,104 @@
+"""Calibration: bad inputs fail clearly; iteration-log fits recover coefficients; accuracy vs Vidur."""
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tierserve.core.paths import shared_data
+from tierserve.hardware.calibration import (
+    ProfileError, calibrate_from_iterations, fit_allreduce, fit_attention_profile, fit_mlp_profile,
+)
+from tierserve.hardware.coefficients import DEFAULT_COEFFICIENTS, load_store
+
+
+def _write(path: Path, header: list[str], rows: list[list]) -> Path:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
+    return path
+
+
+def test_profile_missing_column_names_file_and_column(tmp_path):
+    p = _write(tmp_path / "mlp.csv", ["num_tokens", "num_tensor_parallel_workers", "n_embd"], [[1, 1, 4096]])
+    with pytest.raises(ProfileError) as e:
+        fit_mlp_profile(p, "llama-3-8b", "a100")
+    assert "mlp.csv" in str(e.value) and "time_stats.attn_pre_proj.median" in str(e.value)
+
+
+def test_profile_empty_and_absent(tmp_path):
+    p = _write(tmp_path / "all_reduce.csv", ["time_stats.all_reduce.median", "num_workers", "size",
+                                             "devices_per_node"], [])
+    with pytest.raises(ProfileError, match="no data rows"):
+        fit_allreduce(p)
+    with pytest.raises(ProfileError, match="not found"):
+        fit_attention_profile(tmp_path / "missing.csv", "llama-3-8b", "a100")
+
+
+def test_iterations_bad_input(tmp_path):
+    p = _write(tmp_path / "it.csv", ["prefill_tokens", "decode_count", "measured_ms"], [[1, 2, 3]])
+    with pytest.raises(ProfileError, match="decode_context_sum"):
+        calibrate_from_iterations(p)
+    p = _write(tmp_path / "it2.csv", ["prefill_tokens", "decode_count", "decode_context_sum", "measured_ms"],
+               [[1, 2, 3, 4]] * 6)
+    with pytest.raises(ProfileError, match="prefill_attn_pairs"):
+        calibrate_from_iterations(p)
+    p = _write(tmp_path / "it3.csv", ["prefill_tokens", "decode_count", "decode_context_sum", "measured_ms",
+                                      "prefill_context"], [])
+    with pytest.raises(ProfileError, match="no data rows"):
+        calibrate_from_iterations(p)
+
+
+def test_iterations_fit_recovers_linear_model(tmp_path):
+    rng = np.random.default_rng(0)
+    true = (8e-3, 3e-5, 2e-5, 1e-9, 5e-8)
+    rows = []
+    for _ in range(200):
+        pt, ctx, b = int(rng.integers(0, 2048)), int(rng.integers(0, 4096)), int(rng.integers(0, 128))
+        c = b * int(rng.integers(100, 4000))
+        pairs = pt * (ctx + pt / 2)
+        t = true[0] + true[1] * pt + true[2] * b + true[3] * pairs + true[4] * c
+        rows.append([pt, b, c, ctx, t * 1e3 * (1 + rng.normal(0, 0.005))])
+    p = _write(tmp_path / "log.csv", ["prefill_tokens", "decode_count", "decode_context_sum", "prefill_context",
+                                      "measured_ms"], rows)
+    fit = calibrate_from_iterations(p)
+    assert fit.mape_test < 2.0
+    em = fit.to_model()
+    assert em.iteration_time(1024, 1024 * 512, 16, 16000) == pytest.approx(
+        true[0] + true[1] * 1024 + true[2] * 16 + true[3] * 1024 * 512 + true[4] * 16000, rel=0.03)
+
+
+def test_committed_coefficients_round_trip(tmp_path):
+    assert DEFAULT_COEFFICIENTS.is_file()
+    store = load_store()
+    assert "A100-80GB" in store.layers and store.attention and store.allreduce
+    out = tmp_path / "c.json"
+    store.save(out)
+    again = load_store(str(out))
+    assert again.layers["A100-80GB"]["Llama-3-8B"][1] == store.layers["A100-80GB"]["Llama-3-8B"][1]
+
+
+@pytest.mark.skipif(shared_data("vidur", "vidur_predictions_llama3_8b_a100.csv") is None,
+                    reason="shared/data/vidur absent: Vidur comparison skipped")
+def test_accuracy_vs_vidur_predictions():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "validate_exec_model", Path(__file__).resolve().parents[1] / "benchmarks" / "validate_exec_model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = mod.compare()
+    assert len(rows) == 20
+    mape = sum(abs(r["err_pct"]) for r in rows) / len(rows)
+    assert mape <= 5.0
+    assert max(abs(r["err_pct"]) for r in rows) < 25.0
+
+
+@pytest.mark.skipif(shared_data("vidur", "profiling", "compute", "a100", "meta-llama", "Meta-Llama-3-8B") is None,
+                    reason="shared/data/vidur profiles absent")
+def test_refit_from_real_profile_matches_heldout():
+    d = shared_data("vidur", "profiling", "compute", "a100", "meta-llama", "Meta-Llama-3-8B")
+    fits, reports = fit_mlp_profile(d / "mlp.csv")
+    assert set(fits) == {1, 2, 4, 8}
+    gemm = [r.mape_test for r in reports if r.op.endswith("_proj")]
+    assert np.mean(gemm) < 8.0

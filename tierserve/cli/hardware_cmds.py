@@ -1,0 +1,114 @@
+"""`tierserve hardware` (known models/GPUs, KV capacity, predicted times) and `tierserve calibrate`."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tierserve.core.errors import TierserveError
+
+# Canonical batch shapes: (label, prefill tokens, prefill context, decodes, context per decode)
+CANONICAL_SHAPES: tuple[tuple[str, int, int, int, int], ...] = (
+    ("prefill 512", 512, 0, 0, 0),
+    ("prefill 2048", 2048, 0, 0, 0),
+    ("chunk 512 @ctx 2048", 512, 2048, 0, 0),
+    ("decode b1 ctx 1024", 0, 0, 1, 1024),
+    ("decode b32 ctx 1024", 0, 0, 32, 1024),
+    ("decode b128 ctx 2048", 0, 0, 128, 2048),
+    ("chunk 512 + 32 decodes ctx 1024", 512, 0, 32, 1024),
+)
+
+
+def _list_known(console: Console) -> None:
+    from tierserve.hardware.specs import known_gpus, known_models
+    t = Table(title="Models")
+    for c in ("name", "layers", "hidden", "q/kv heads", "params (B)", "max len", "aliases"):
+        t.add_column(c)
+    for m in known_models():
+        t.add_row(m.name, str(m.num_layers), str(m.hidden), f"{m.num_q_heads}/{m.num_kv_heads}",
+                  f"{m.param_count / 1e9:.2f}", str(m.max_model_len), ", ".join(m.aliases))
+    console.print(t)
+    t = Table(title="GPUs")
+    for c in ("name", "fp16 TFLOP/s", "memory GiB", "HBM GB/s", "PCIe GB/s", "NVLink GB/s", "aliases"):
+        t.add_column(c)
+    for g in known_gpus():
+        t.add_row(g.name, f"{g.peak_tflops:.0f}", f"{g.memory_gb:.0f}", f"{g.hbm_gbps:.0f}", f"{g.pcie_gbps:.0f}",
+                  f"{g.nvlink_gbps:.0f}", ", ".join(g.aliases))
+    console.print(t)
+
+
+def _describe(console: Console, model: str, gpu: str, tp: int, calibrated: bool) -> None:
+    from tierserve.hardware.exec_model import build_execution_model, prefill_attention_pairs
+    from tierserve.hardware.memory import kv_bytes_per_token, kv_capacity_blocks
+    from tierserve.hardware.specs import get_gpu, get_model
+    m, g = get_model(model), get_gpu(gpu)
+    blocks = kv_capacity_blocks(m, g, tp)
+    em = build_execution_model(m.name, g.name, tp, calibrated=calibrated)
+    console.print(f"[bold]{m.name}[/] on {tp}x {g.name}: KV {kv_bytes_per_token(m, tp)} B/token/GPU, "
+                  f"{blocks} blocks of 16 = {blocks * 16:,} tokens")
+    for n in em.notes:
+        console.print(f"  source: {n}")
+    t = Table(title="Predicted iteration time (whole model, no LM head/CPU overhead)")
+    for c in ("shape", "ms", "tokens/s"):
+        t.add_column(c, justify="right")
+    for label, p, pctx, b, ctx in CANONICAL_SHAPES:
+        s = em.iteration_time(p, prefill_attention_pairs(p, pctx) if p else 0.0, b, b * ctx)
+        t.add_row(label, f"{s * 1e3:.2f}", f"{(p + b) / s:,.0f}")
+    console.print(t)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `hardware` and `calibrate` commands to the CLI app."""
+
+    @app.command("hardware")
+    def hardware(model: Optional[str] = typer.Option(None, "--model", help="model name or alias"),
+                 gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU name or alias"),
+                 tp: int = typer.Option(1, "--tp", help="tensor-parallel degree"),
+                 roofline: bool = typer.Option(False, "--roofline", help="uncalibrated roofline only")) -> None:
+        """List known models/GPUs, or show KV capacity and predicted times for one configuration."""
+        console = Console()
+        try:
+            if model is None and gpu is None:
+                _list_known(console)
+                return
+            _describe(console, model or "Llama-3-8B", gpu or "A100-80GB", tp, not roofline)
+        except TierserveError as e:
+            console.print(f"[red]error:[/] {e}")
+            raise typer.Exit(2) from None
+
+    @app.command("calibrate")
+    def calibrate(profiles: Optional[Path] = typer.Option(None, "--profiles", help="Vidur-format profiling/ folder"),
+                  iterations: Optional[Path] = typer.Option(None, "--iterations", help="CSV of measured iterations"),
+                  out: Path = typer.Option(..., "--out", help="where to write the fitted JSON")) -> None:
+        """Fit execution-time coefficients from Vidur profiles or from a measured-iteration log."""
+        import json
+        from dataclasses import asdict
+
+        from tierserve.hardware.calibration import calibrate_from_iterations, fit_profile_tree
+        console = Console()
+        if (profiles is None) == (iterations is None):
+            console.print("[red]error:[/] give exactly one of --profiles DIR or --iterations FILE")
+            raise typer.Exit(2)
+        try:
+            if profiles is not None:
+                store, reports = fit_profile_tree(profiles)
+                t = Table(title="Held-out fit error (MAPE %)")
+                t.add_column("operator")
+                t.add_column("MAPE %", justify="right")
+                for k, v in store.meta["fit_error_pct"]["per_operator"].items():
+                    t.add_row(k, f"{v:.2f}")
+                for k, v in store.meta["fit_error_pct"]["per_model_gpu"].items():
+                    t.add_row(k, f"{v:.2f}")
+                console.print(t)
+                store.save(out)
+            else:
+                fit = calibrate_from_iterations(iterations)
+                out.write_text(json.dumps(asdict(fit), indent=1) + "\n")
+                console.print(f"fitted {fit.n_rows} iterations; held-out MAPE {fit.mape_test:.2f}%")
+        except TierserveError as e:
+            console.print(f"[red]error:[/] {e}")
+            raise typer.Exit(2) from None
+        console.print(f"wrote {out}")
