@@ -32,7 +32,7 @@ class ScenarioConfig(BaseModel):
         except ValidationError as e:
             err = e.errors()[0]
             where = ".".join(str(p) for p in err["loc"]) or "scenario"
-            raise ConfigError(where, err.get("input"), err["msg"]) from None
+            raise ConfigError(where, err.get("input"), err["msg"].removeprefix("Value error, ")) from None
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> ScenarioConfig:

@@ -31,7 +31,7 @@ class ReplicaConfig(BaseModel):
         try:
             return get_model(v).name
         except ConfigError as e:
-            raise ValueError(f"unknown model {v!r}; allowed: {e.allowed}") from None
+            raise ValueError(f"one of {e.allowed}") from None
 
     @field_validator("gpu")
     @classmethod
@@ -40,7 +40,7 @@ class ReplicaConfig(BaseModel):
         try:
             return get_gpu(v).name
         except ConfigError as e:
-            raise ValueError(f"unknown gpu {v!r}; allowed: {e.allowed}") from None
+            raise ValueError(f"one of {e.allowed}") from None
 
 
 class ClusterConfig(BaseModel):
@@ -63,7 +63,7 @@ class ClusterConfig(BaseModel):
     def _known_local(cls, v: str) -> str:
         from tierserve.policies.local import LOCAL_POLICIES
         if v not in LOCAL_POLICIES.table:
-            raise ValueError(f"unknown local policy {v!r}; allowed: {', '.join(LOCAL_POLICIES.names)}")
+            raise ValueError(f"one of {', '.join(LOCAL_POLICIES.names)}")
         return v
 
     @field_validator("cluster_policy")
@@ -71,5 +71,5 @@ class ClusterConfig(BaseModel):
     def _known_cluster(cls, v: str) -> str:
         from tierserve.policies.cluster import CLUSTER_POLICIES
         if v not in CLUSTER_POLICIES.table:
-            raise ValueError(f"unknown cluster policy {v!r}; allowed: {', '.join(CLUSTER_POLICIES.names)}")
+            raise ValueError(f"one of {', '.join(CLUSTER_POLICIES.names)}")
         return v

@@ -1,0 +1,78 @@
+"""The `tierserve` command: the default run, scenario files, and clear errors on bad input."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tierserve.cli import app
+from tierserve.core import ConfigError
+from tierserve.experiments.scenario import ScenarioConfig
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+runner = CliRunner()
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "from tierserve.cli import main; main()", *args],
+                          capture_output=True, text=True)
+
+
+def test_default_simulate_prints_the_per_tier_table(tmp_path):
+    result = runner.invoke(app, ["simulate", "-n", "300", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    for tier in ("tier0", "tier1", "tier2", "all"):
+        assert tier in result.output
+    assert (tmp_path / "requests.csv").read_text().count("\n") == 301   # header + every request
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--model", "gpt-9"], "cluster.replica.model"),
+    (["--gpu", "tpu-v9"], "cluster.replica.gpu"),
+    (["-l", "fifo-magic"], "cluster.local_policy"),
+    (["-g", "nearest"], "cluster.cluster_policy"),
+    (["--replicas", "0"], "cluster.num_replicas"),
+])
+def test_bad_flag_gives_an_error_naming_the_field_not_a_traceback(args, field):
+    proc = run_cli("simulate", *args)
+    assert proc.returncode == 2
+    assert field in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_scenario_file_with_a_wrong_field_names_it(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cluster:\n  num_replica: 3\n")
+    with pytest.raises(ConfigError, match="cluster.num_replica"):
+        ScenarioConfig.from_yaml(bad)
+
+
+def test_scenario_file_that_is_not_yaml_mapping(tmp_path):
+    bad = tmp_path / "list.yaml"
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        ScenarioConfig.from_yaml(bad)
+
+
+@pytest.mark.parametrize("path", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+def test_every_example_scenario_validates(path, monkeypatch):
+    monkeypatch.chdir(EXAMPLES.parent)
+    cfg = ScenarioConfig.from_yaml(EXAMPLES / path)
+    assert cfg.cluster.num_replicas >= 1
+
+
+def test_malformed_trace_is_a_clear_error(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,10,5\n0.5,abc,5\n")
+    proc = run_cli("simulate", "--trace", str(trace))
+    assert proc.returncode == 2
+    assert "prompt_tokens" in proc.stderr and "abc" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_compare_runs_stacks_side_by_side():
+    result = runner.invoke(app, ["compare", "--stacks", "vllm+round_robin,sarathi+jsq", "-n", "200",
+                                 "--executor", "serial"])
+    assert result.exit_code == 0, result.output
+    assert "vllm+round_robin" in result.output and "sarathi+jsq" in result.output
