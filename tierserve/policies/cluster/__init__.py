@@ -6,6 +6,10 @@ CLUSTER_POLICIES = Registry("cluster", {
     "round_robin": "tierserve.policies.cluster.round_robin:RoundRobin",
     "random": "tierserve.policies.cluster.random_dispatch:RandomDispatch",
     "jsq": "tierserve.policies.cluster.jsq:JoinShortestQueue",
+    "infaas": "tierserve.policies.cluster.infaas:InfaasDispatch",
+    "llumnix": "tierserve.policies.cluster.llumnix:LlumnixPolicy",
+    "llumnix_k": "tierserve.policies.cluster.llumnix_k:LlumnixK",
+    "llumnix_k_adaptive": "tierserve.policies.cluster.llumnix_k:LlumnixKAdaptive",
 })
 
 __all__ = ["CLUSTER_POLICIES", "ClusterPolicy", "InstanceView", "Move"]
