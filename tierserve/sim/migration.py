@@ -172,7 +172,7 @@ class MigrationExecutor:
             return
         m.reserved += rest
         # The last, partly written block was excluded from pre-copy stages: it is copied again here.
-        copy = min(rest + 1, m.state.num_blocks) if m.reserved else rest
+        copy = min(rest + 1, m.state.num_blocks)
         self.blocks_moved += copy
         self.loop.at(now + self.copy_time_s(copy), RANK_MIGRATION, self._commit, m)
 

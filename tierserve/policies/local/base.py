@@ -74,5 +74,22 @@ class LocalPolicy(ABC):
         return PreemptMode.RECOMPUTE
 
 
+def evict_from_tail(running: list[RequestState], i: int, end: int, need: int, free: int,
+                    preempt: list, mode) -> tuple[int, int]:
+    """Preempt running[end-1], running[end-2], … until `need` blocks fit in `free` or running[i] itself goes.
+
+    The shared victim rule of vLLM, Vidur and Sarathi (the tail of the service order is evicted first).
+    Returns the new (end, free); end <= i means running[i] was evicted.
+    """
+    while need > free:
+        end -= 1
+        victim = running[end]
+        preempt.append((victim, mode))
+        free += victim.num_blocks
+        if end == i:
+            break
+    return end, free
+
+
 class PolicyError(RuntimeError):
     """A policy returned a plan the executor refuses (it would break a memory or batch invariant)."""

@@ -4,7 +4,7 @@ blocks plus a 1% watermark; preemption restarts the youngest running request (re
 from __future__ import annotations
 
 from tierserve.core import BatchPlan, PreemptMode, RequestState
-from tierserve.policies.local.base import LocalPolicy, ReplicaView
+from tierserve.policies.local.base import LocalPolicy, ReplicaView, evict_from_tail
 from tierserve.policies.local.vllm_v0 import arrival_key
 
 
@@ -44,13 +44,8 @@ class SarathiPolicy(LocalPolicy):
                 i += 1
                 continue
             need = self.blocks_to_hold(r, 1, bs) - r.num_blocks
-            while need > free:
-                end -= 1
-                victim = running[end]
-                plan.preempt.append((victim, PreemptMode.RECOMPUTE))
-                free += victim.num_blocks
-                if end == i:
-                    break
+            if need > free:
+                end, free = evict_from_tail(running, i, end, need, free, plan.preempt, PreemptMode.RECOMPUTE)
             if end <= i:
                 break
             scheduled.append((r, 1))

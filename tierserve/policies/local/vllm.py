@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from tierserve.core import BatchPlan, PreemptMode, RequestState
-from tierserve.policies.local.base import LocalPolicy, ReplicaView
+from tierserve.policies.local.base import LocalPolicy, ReplicaView, evict_from_tail
 
 
 def is_decode_step(state: RequestState, num_tokens: int) -> bool:
@@ -51,13 +51,8 @@ class VLLMPolicy(LocalPolicy):
             if n > budget:
                 n = budget
             need = self.blocks_to_hold(r, n, bs) - r.num_blocks
-            while need > free:                      # evict from the tail until r fits (or r itself goes)
-                end -= 1
-                victim = running[end]
-                preempt.append((victim, self.preempt_mode(victim)))
-                free += victim.num_blocks
-                if end == i:
-                    break
+            if need > free:
+                end, free = evict_from_tail(running, i, end, need, free, preempt, self._mode)
             if end <= i:
                 break
             scheduled.append((r, n))

@@ -6,7 +6,7 @@ len(batch)·max(prompt) ≤ token budget (Vidur's padded `max_tokens_in_batch`) 
 from __future__ import annotations
 
 from tierserve.core import BatchPlan, PreemptMode, RequestState
-from tierserve.policies.local.base import LocalPolicy, ReplicaView
+from tierserve.policies.local.base import LocalPolicy, ReplicaView, evict_from_tail
 
 
 def arrival_key(state: RequestState) -> tuple[float, int]:
@@ -49,13 +49,8 @@ class VLLMv0Policy(LocalPolicy):
         while i < end and len(scheduled) < view.max_num_seqs:
             r = running[i]
             need = self.blocks_to_hold(r, 1, bs) - r.num_blocks
-            while need > free:
-                end -= 1
-                victim = running[end]
-                plan.preempt.append((victim, PreemptMode.RECOMPUTE))
-                free += victim.num_blocks
-                if end == i:
-                    break
+            if need > free:
+                end, free = evict_from_tail(running, i, end, need, free, plan.preempt, PreemptMode.RECOMPUTE)
             if end <= i:
                 break
             scheduled.append((r, 1))
