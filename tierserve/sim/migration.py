@@ -97,6 +97,13 @@ class MigrationExecutor:
         return p.handshake_s + kv_transfer_time_s(blocks * self.block_size, self.model, self.tp,
                                                   p.bandwidth_gbps, p.latency_s)
 
+    @staticmethod
+    def _reserve(dst: Replica, blocks: int) -> bool:
+        """Reserve on the destination; a decode run there sized k iterations on its free blocks, so cut it
+        to the iteration in flight first (Replica.reserve_blocks does not)."""
+        dst.poke()
+        return dst.reserve_blocks(blocks)
+
     def _busy(self, index: int) -> bool:
         return self.handles is not None and self.handles[index].migrating_count > 0
 
@@ -150,7 +157,7 @@ class MigrationExecutor:
         if m.stages >= self.params.max_stages:
             self._abort(m, "did_not_converge")
             return
-        if not m.dst.reserve_blocks(increment):
+        if not self._reserve(m.dst, increment):
             self._abort(m, "destination_full")
             return
         m.reserved += increment
@@ -166,7 +173,7 @@ class MigrationExecutor:
         now = self.loop.now
         m.paused_s = now
         rest = m.state.num_blocks - m.reserved
-        if rest > 0 and not m.dst.reserve_blocks(rest):
+        if rest > 0 and not self._reserve(m.dst, rest):
             m.src.resume_paused(m.state)
             self._abort(m, "destination_full")
             return

@@ -38,7 +38,9 @@ class LlumnixK(LlumnixPolicy):
                  protected_tiers: int = 1, hold_when_busy: bool = True, migration: bool = True) -> None:
         self._h_max, self._decay = h_max, decay
         super().__init__(num_tiers, migrate_threshold, busy_threshold, rebalance_period_s, request_policy,
-                         min(protected_tiers, num_tiers) if isinstance(num_tiers, int) else protected_tiers,
+                         # K = 1 has no priority tier to protect: its single tier is "normal" and migrates
+                         min(protected_tiers, num_tiers - 1) if isinstance(num_tiers, int) and num_tiers >= 1
+                         else protected_tiers,
                          None, hold_when_busy, migration)
 
     def make_headroom(self, headroom_blocks: int | None) -> HeadroomSchedule:
