@@ -109,3 +109,27 @@ def test_priority_policy_serves_tier0_first_under_overload():
     ttft = {t: sorted(s.first_token_s - s.arrival_s for s in res.states if s.tier == t) for t in range(3)}
     med = {t: v[len(v) // 2] for t, v in ttft.items()}
     assert med[0] < med[1] < med[2]
+
+
+def test_swap_preemption_keeps_progress_and_costs_pcie_time():
+    reqs = make_requests(300, rate=40.0)
+    runs = {}
+    for mode in ("recompute", "swap"):
+        cfg = ClusterConfig(num_replicas=1, local_policy="vllm", local_policy_params={"preempt_mode": mode},
+                            replica={"num_blocks": 300})
+        runs[mode] = simulate(cfg, reqs, predictor=LinearPredictor())
+    for res in runs.values():
+        assert all(s.status == Status.FINISHED and s.num_generated == s.request.output_tokens for s in res.states)
+        assert res.stats["preemptions"] > 0
+    # Swapped requests keep their computed tokens, so fewer iterations recompute prompts.
+    assert runs["swap"].stats["iterations"] != runs["recompute"].stats["iterations"]
+
+
+def test_swap_mode_skip_ahead_is_exact_too():
+    reqs = make_requests(300, rate=40.0)
+    out = []
+    for skip in (True, False):
+        cfg = ClusterConfig(num_replicas=1, local_policy="vllm", local_policy_params={"preempt_mode": "swap"},
+                            skip_ahead=skip, replica={"num_blocks": 300})
+        out.append(per_request(simulate(cfg, reqs, predictor=LinearPredictor())))
+    assert out[0] == out[1]
