@@ -29,6 +29,7 @@ class FakeView:
     block_size: int = 16
     max_num_seqs: int = 256
     migrating: bool = False
+    terminating: bool = False
 
     @property
     def num_outstanding(self) -> int:

@@ -133,3 +133,19 @@ def test_swap_mode_skip_ahead_is_exact_too():
                             skip_ahead=skip, replica={"num_blocks": 300})
         out.append(per_request(simulate(cfg, reqs, predictor=LinearPredictor())))
     assert out[0] == out[1]
+
+
+def test_llumlet_promotion_keeps_skip_ahead_exact_and_lifts_starved_tiers():
+    reqs = make_requests(400, rate=70.0, num_tiers=3)
+    out = {}
+    for promote in (None, 0.5):
+        for skip in (True, False):
+            cfg = ClusterConfig(num_replicas=1, local_policy="llumlet", skip_ahead=skip,
+                                local_policy_params={"promote_after_s": promote}, replica={"num_blocks": 400})
+            out[promote, skip] = simulate(cfg, reqs, 3, predictor=LinearPredictor())
+    for promote in (None, 0.5):
+        assert per_request(out[promote, True]) == per_request(out[promote, False])
+
+    def worst_tier2_ttft(res):
+        return max(s.first_token_s - s.arrival_s for s in res.states if s.tier == 2)
+    assert worst_tier2_ttft(out[0.5, True]) < worst_tier2_ttft(out[None, True])

@@ -96,7 +96,7 @@ def workload(setup: KTierSetup, mix: str, scale: int, k: int):
 
 
 def run_one(system: str, local_policy: str, cluster_policy: str, params: dict[str, Any], mix: str, scale: int,
-            k: int, setup: dict[str, Any]) -> RunRow:
+            k: int, setup: dict[str, Any], local_params: dict[str, Any] | None = None) -> RunRow:
     """One simulation → one row (a top-level function so a process pool or Ray can run it)."""
     from tierserve.metrics import RequestTable
     from tierserve.sim import ClusterConfig, ReplicaConfig, simulate
@@ -104,7 +104,8 @@ def run_one(system: str, local_policy: str, cluster_policy: str, params: dict[st
     reqs = workload(su, mix, scale, k)
     span = reqs[-1].arrival_s
     cfg = ClusterConfig(num_replicas=su.num_replicas, replica=ReplicaConfig(model=su.model, gpu=su.gpu),
-                        local_policy=local_policy, cluster_policy=cluster_policy, cluster_policy_params=params,
+                        local_policy=local_policy, local_policy_params=local_params or {},
+                        cluster_policy=cluster_policy, cluster_policy_params=params,
                         time_limit_s=span * su.time_limit_factor)
     res = simulate(cfg, reqs, num_tiers=k, seed=su.seed)
     tab = RequestTable.from_states(res.states, res.reasons)
@@ -138,9 +139,9 @@ def jobs(setup: KTierSetup) -> list[dict[str, Any]]:
     out = []
     for mix in setup.mixes:
         for scale in setup.scales:
-            def add(system, local, cluster, params, k):
+            def add(system, local, cluster, params, k, local_params=None):
                 out.append(dict(system=system, local_policy=local, cluster_policy=cluster, params=params,
-                                mix=mix, scale=scale, k=k, setup=s))
+                                mix=mix, scale=scale, k=k, setup=s, local_params=local_params))
             add("baseline", "vllm", "infaas", {}, 3)
             for ref in setup.references:
                 add(ref, ref, "round_robin", {}, 3)
@@ -148,7 +149,9 @@ def jobs(setup: KTierSetup) -> list[dict[str, Any]]:
             for k in setup.ks:
                 add("llumnix_k", "llumlet", "llumnix_k", {"num_tiers": k}, k)
                 if setup.adaptive and k >= 2:
-                    add("adaptive", "llumlet", "llumnix_k_adaptive", {"num_tiers": k}, k)
+                    # Promotion acts in the global queue (cluster policy) and in each replica's queue (llumlet).
+                    add("adaptive", "llumlet", "llumnix_k_adaptive", {"num_tiers": k}, k,
+                        {"promote_after_s": 5.0})
     return out
 
 

@@ -52,6 +52,10 @@ class InstanceHandle:
     def migrating(self) -> bool:
         return self.migrating_count > 0
 
+    @property
+    def terminating(self) -> bool:
+        return False          # no autoscaling yet: no instance is ever drained
+
 
 class Cluster:
     """Drives arrivals through the cluster policy onto replicas and collects every request's end."""

@@ -99,9 +99,7 @@ class MigrationExecutor:
 
     @staticmethod
     def _reserve(dst: Replica, blocks: int) -> bool:
-        """Reserve on the destination; a decode run there sized k iterations on its free blocks, so cut it
-        to the iteration in flight first (Replica.reserve_blocks does not)."""
-        dst.poke()
+        """Reserve on the destination (the replica first cuts a decode run sized on its free blocks)."""
         return dst.reserve_blocks(blocks)
 
     def _busy(self, index: int) -> bool:

@@ -285,12 +285,15 @@ class Replica:
         ends = []
         t = now
         busy = 0.0
+        revise = plan.revise_at_s
         for j in range(k):
             dt = base + coef * (ctx0 + b * j)
             t = t + dt
             busy += dt
             ends.append(t)
-        self.iterations += k
+            if t >= revise:          # the policy re-plans after the iteration that crosses its revision point
+                break
+        self.iterations += len(ends)
         self.busy_s += busy
         self.kv_block_seconds += (self.total_blocks - self.free_blocks) * busy
         self._run = DecodeRun(batch, ends, tiers)
@@ -449,7 +452,12 @@ class Replica:
         self.poke()
 
     def reserve_blocks(self, n: int) -> bool:
-        """Hold n free blocks for an incoming migration (Llumnix pre-allocates on the destination)."""
+        """Hold n free blocks for an incoming migration (Llumnix pre-allocates on the destination).
+
+        A decode run in flight was sized on the current free blocks, so it is cut to the iteration in flight.
+        """
+        if self._run is not None:
+            self._truncate_run(self.loop.now)
         if n > self.free_blocks - self.watermark_blocks:
             return False
         self.free_blocks -= n

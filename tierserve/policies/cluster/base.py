@@ -26,7 +26,13 @@ class InstanceView(Protocol):
     def waiting(self) -> list[RequestState]: ...
 
     @property
+    def swapped(self) -> list[RequestState]: ...
+
+    @property
     def num_outstanding(self) -> int: ...   # running + waiting + swapped
+
+    @property
+    def terminating(self) -> bool: ...      # being drained (scale-in): freeness −∞
 
     @property
     def migrating(self) -> bool: ...        # a migration in or out is in progress

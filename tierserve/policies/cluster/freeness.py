@@ -142,7 +142,7 @@ def measure(view, num_tiers: int | None = None) -> InstanceLoad:
     bs = view.block_size
     running = view.running
     waiting = view.waiting
-    swapped = getattr(view, "swapped", ())
+    swapped = view.swapped
     counts: dict[int, int] = {}
     for group in (running, waiting, swapped):
         for s in group:
@@ -158,4 +158,4 @@ def measure(view, num_tiers: int | None = None) -> InstanceLoad:
     preempted = any(s.num_preemptions > 0 for s in waiting) or bool(swapped)
     return InstanceLoad(view.index, view.total_blocks, bs, view.used_blocks, hol, len(running),
                         len(waiting) + len(swapped), counts, preempted, bool(view.migrating),
-                        bool(getattr(view, "terminating", False)))
+                        view.terminating)

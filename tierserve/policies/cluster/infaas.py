@@ -17,7 +17,7 @@ def committed_blocks(view: InstanceView) -> int:
     """Blocks held (incl. in flight) plus the full prompt demand of everything queued or swapped."""
     bs = view.block_size
     queued = sum(blocks_for(s.num_tokens, bs) for s in view.waiting)
-    queued += sum(blocks_for(s.num_tokens, bs) for s in getattr(view, "swapped", ()))
+    queued += sum(blocks_for(s.num_tokens, bs) for s in view.swapped)
     return view.used_blocks + queued
 
 

@@ -1,8 +1,56 @@
-"""Llumnix's llumlet queue discipline: tier first, then arrival (seed 000), on vLLM v1's batch shape."""
+"""Llumnix's llumlet queue discipline on vLLM v1's batch shape: tier first, then arrival (seed 000).
+
+With `promote_after_s`, a request still waiting for its first token rises one tier per `promote_after_s`
+seconds of waiting (the seed's "promote long-waiting requests so no tier starves"); the plan declares the
+next promotion as its revision point so skip-ahead stays exact.
+"""
 from __future__ import annotations
 
-from tierserve.policies.local.vllm import VLLMPriorityPolicy
+import math
+
+from tierserve.core import BatchPlan, ConfigError, RequestState
+from tierserve.policies.local.base import ReplicaView
+from tierserve.policies.local.vllm import VLLMPriorityPolicy, priority_key
 
 
 class LlumletPolicy(VLLMPriorityPolicy):
     name = "llumlet"
+
+    def __init__(self, promote_after_s: float | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        if promote_after_s is not None and not promote_after_s > 0:
+            raise ConfigError("promote_after_s", promote_after_s, "a positive number of seconds, or null")
+        self.promote_after_s = promote_after_s
+        self._now = 0.0
+
+    def effective_tier(self, state: RequestState) -> int:
+        t = state.request.tier
+        if self.promote_after_s is None or t == 0 or state.first_token_s >= 0:
+            return t
+        return max(0, t - int((self._now - state.request.arrival_s) / self.promote_after_s))
+
+    def _key(self, state: RequestState) -> tuple[int, float, int]:
+        return (self.effective_tier(state), state.request.arrival_s, state.request.id)
+
+    def running_order(self, running: list[RequestState]) -> list[RequestState]:
+        return sorted(running, key=self._key if self.promote_after_s else priority_key)
+
+    def order_waiting(self, waiting: list[RequestState]) -> list[RequestState]:
+        return sorted(waiting, key=self._key if self.promote_after_s else priority_key)
+
+    def plan(self, view: ReplicaView) -> BatchPlan:
+        self._now = view.now
+        plan = super().plan(view)
+        if self.promote_after_s and plan.repeatable:
+            plan.revise_at_s = self._next_promotion(view)
+        return plan
+
+    def _next_promotion(self, view: ReplicaView) -> float:
+        """Earliest time a queued request's effective tier drops (its order may then change)."""
+        step = self.promote_after_s
+        nxt = math.inf
+        for s in view.waiting:
+            if self.effective_tier(s) > 0 and s.first_token_s < 0:
+                waited = view.now - s.request.arrival_s
+                nxt = min(nxt, s.request.arrival_s + (math.floor(waited / step) + 1) * step)
+        return nxt
