@@ -202,4 +202,5 @@ def test_adaptive_promotes_long_waiting_requests():
     s = waiting_state(1, 3, arrival=0.0)
     assert pol.effective_tier(s, 1.0) == 3
     assert pol.effective_tier(s, 4.5) == 1
-    assert pol.effective_tier(s, 100.0) == 0
+    assert pol.effective_tier(s, 100.0) == 1          # never into tier 0 (promote_floor = 1)
+    assert LlumnixKAdaptive(num_tiers=4, promote_after_s=2.0, promote_floor=0).effective_tier(s, 100.0) == 0

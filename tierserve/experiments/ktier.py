@@ -151,7 +151,7 @@ def jobs(setup: KTierSetup) -> list[dict[str, Any]]:
                 if setup.adaptive and k >= 2:
                     # Promotion acts in the global queue (cluster policy) and in each replica's queue (llumlet).
                     add("adaptive", "llumlet", "llumnix_k_adaptive", {"num_tiers": k}, k,
-                        {"promote_after_s": 5.0})
+                        {"promote_after_s": 5.0, "promote_floor": 1})
     return out
 
 

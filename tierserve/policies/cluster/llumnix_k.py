@@ -11,7 +11,8 @@ charges every tier present (the seed's imbalance check). K = 1: no headroom, FCF
 `adapt_period_s` each dispatched request is judged once (first token in time, or already late); a tier whose
 windowed miss rate exceeds 1 − its attainment goal grows its budget by `gain`, others shrink it by gain/2,
 within [s_min, h_cap/H_p]. Requests age upward one tier per `promote_after_s` waited before their first
-token (global queue order, dispatch charge and migration choice), so no tier starves.
+token (global queue order, dispatch charge and migration choice), so no tier starves, but never above
+`promote_floor` (default tier 1), so aged traffic does not erode tier 0's isolation.
 """
 from __future__ import annotations
 
@@ -57,10 +58,13 @@ class LlumnixKAdaptive(LlumnixK):
 
     def __init__(self, num_tiers: int = 4, h_max: float = DEFAULT_H_MAX, decay: float = DEFAULT_DECAY,
                  adapt_period_s: float = 1.0, gain: float = 0.25, smoothing: float = 0.3, s_min: float = 0.25,
-                 h_cap: float = 0.5, promote_after_s: float = 5.0, **kwargs) -> None:
+                 h_cap: float = 0.5, promote_after_s: float = 5.0, promote_floor: int = 1, **kwargs) -> None:
         super().__init__(num_tiers, h_max, decay, **kwargs)
         self.adapt_period_s = _positive("adapt_period_s", adapt_period_s)
         self.promote_after_s = _positive("promote_after_s", promote_after_s)
+        if not (isinstance(promote_floor, int) and promote_floor >= 0):
+            raise ConfigError("promote_floor", promote_floor, "an integer tier >= 0")
+        self.promote_floor = promote_floor    # aged requests never rise above it (default: not into tier 0)
         self.gain = _positive("gain", gain)
         if not 0.0 < smoothing <= 1.0:
             raise ConfigError("smoothing", smoothing, "a weight in (0, 1]")
@@ -86,9 +90,9 @@ class LlumnixKAdaptive(LlumnixK):
 
     def effective_tier(self, state: RequestState, now: float) -> int:
         t = state.request.tier
-        if t == 0 or state.first_token_s >= 0:
+        if t <= self.promote_floor or state.first_token_s >= 0:
             return t
-        return max(0, t - int((now - state.request.arrival_s) / self.promote_after_s))
+        return max(self.promote_floor, t - int((now - state.request.arrival_s) / self.promote_after_s))
 
     def dispatch_order(self, queued: list[RequestState]) -> list[RequestState]:
         now = self._now    # the cluster drains right after it last called dispatch/rebalance at this time

@@ -1,8 +1,9 @@
 """Llumnix's llumlet queue discipline on vLLM v1's batch shape: tier first, then arrival (seed 000).
 
 With `promote_after_s`, a request still waiting for its first token rises one tier per `promote_after_s`
-seconds of waiting (the seed's "promote long-waiting requests so no tier starves"); the plan declares the
-next promotion as its revision point so skip-ahead stays exact.
+seconds of waiting (the seed's "promote long-waiting requests so no tier starves"), but not above
+`promote_floor` (default 1: aged traffic never competes with tier 0, whose isolation is what it pays for);
+the plan declares the next promotion as its revision point so skip-ahead stays exact.
 """
 from __future__ import annotations
 
@@ -16,18 +17,21 @@ from tierserve.policies.local.vllm import VLLMPriorityPolicy, priority_key
 class LlumletPolicy(VLLMPriorityPolicy):
     name = "llumlet"
 
-    def __init__(self, promote_after_s: float | None = None, **kwargs) -> None:
+    def __init__(self, promote_after_s: float | None = None, promote_floor: int = 1, **kwargs) -> None:
         super().__init__(**kwargs)
         if promote_after_s is not None and not promote_after_s > 0:
             raise ConfigError("promote_after_s", promote_after_s, "a positive number of seconds, or null")
+        if not (isinstance(promote_floor, int) and promote_floor >= 0):
+            raise ConfigError("promote_floor", promote_floor, "an integer tier >= 0")
         self.promote_after_s = promote_after_s
+        self.promote_floor = promote_floor
         self._now = 0.0
 
     def effective_tier(self, state: RequestState) -> int:
         t = state.request.tier
-        if self.promote_after_s is None or t == 0 or state.first_token_s >= 0:
+        if self.promote_after_s is None or t <= self.promote_floor or state.first_token_s >= 0:
             return t
-        return max(0, t - int((self._now - state.request.arrival_s) / self.promote_after_s))
+        return max(self.promote_floor, t - int((self._now - state.request.arrival_s) / self.promote_after_s))
 
     def _key(self, state: RequestState) -> tuple[int, float, int]:
         return (self.effective_tier(state), state.request.arrival_s, state.request.id)
@@ -50,7 +54,7 @@ class LlumletPolicy(VLLMPriorityPolicy):
         step = self.promote_after_s
         nxt = math.inf
         for s in view.waiting:
-            if self.effective_tier(s) > 0 and s.first_token_s < 0:
+            if self.effective_tier(s) > self.promote_floor and s.first_token_s < 0:
                 waited = view.now - s.request.arrival_s
                 nxt = min(nxt, s.request.arrival_s + (math.floor(waited / step) + 1) * step)
         return nxt
