@@ -92,7 +92,7 @@ def test_live_migrations_commit_under_chaos_and_second_move_is_refused(chaos, lo
 
 def test_aborted_migrations_lose_nothing(chaos, loaded):
     # 0.002 GB/s: a block of Llama-3-8B KV (2 MiB) takes ~1 s to copy, so requests finish mid-copy.
-    res = run("test_chaos", loaded, migration={"bandwidth_gbps": 0.002})
+    res = run("test_chaos", loaded, migration={"bandwidth_gbytes_s": 0.002})
     st = res.stats
     assert st["migrations_aborted"] > 0
     assert st["migrations_aborted"] + st["migrations_committed"] == st["migrations_started"]
@@ -112,5 +112,5 @@ def test_bad_migration_params():
         MigrationParams.from_dict({"bandwidth": 10})
     assert e.value.field == "migration_params.bandwidth"
     with pytest.raises(ConfigError) as e:
-        MigrationParams.from_dict({"bandwidth_gbps": 0})
-    assert e.value.field == "migration_params.bandwidth_gbps"
+        MigrationParams.from_dict({"bandwidth_gbytes_s": 0})
+    assert e.value.field == "migration_params.bandwidth_gbytes_s"

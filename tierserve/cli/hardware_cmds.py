@@ -35,8 +35,8 @@ def _list_known(console: Console) -> None:
     for c in ("name", "fp16 TFLOP/s", "memory GiB", "HBM GB/s", "PCIe GB/s", "NVLink GB/s", "aliases"):
         t.add_column(c)
     for g in known_gpus():
-        t.add_row(g.name, f"{g.peak_tflops:.0f}", f"{g.memory_gb:.0f}", f"{g.hbm_gbps:.0f}", f"{g.pcie_gbps:.0f}",
-                  f"{g.nvlink_gbps:.0f}", ", ".join(g.aliases))
+        t.add_row(g.name, f"{g.peak_tflops:.0f}", f"{g.memory_gb:.0f}", f"{g.hbm_gbytes_s:.0f}", f"{g.pcie_gbytes_s:.0f}",
+                  f"{g.nvlink_gbytes_s:.0f}", ", ".join(g.aliases))
     console.print(t)
 
 

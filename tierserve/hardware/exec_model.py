@@ -212,7 +212,7 @@ def rescale_attention(a: AttentionFit, model: ModelSpec, gpu: GPUSpec, tp: int) 
 
 def default_allreduce_ms(gpu: GPUSpec, tp: int, nbytes: np.ndarray) -> np.ndarray:
     """Ring all-reduce (Patarasuk & Yuan 2009): α + 2(n−1)/n · bytes / (NVLink·eff)."""
-    return 0.02 + 2.0 * (tp - 1) / tp * nbytes / (gpu.nvlink_gbps * 1e9 * 0.7) * 1e3
+    return 0.02 + 2.0 * (tp - 1) / tp * nbytes / (gpu.nvlink_gbytes_s * 1e9 * 0.7) * 1e3
 
 
 class _LayerCostBuilder:

@@ -75,14 +75,14 @@ def swap_time_s(num_blocks: int, model: str | ModelSpec, gpu: str | GPUSpec, tp:
         return 0.0
     g = get_gpu(gpu)
     nbytes = num_blocks * block_size * kv_bytes_per_token(model, tp)
-    return nbytes / (g.pcie_gbps * 1e9 * pcie_efficiency)
+    return nbytes / (g.pcie_gbytes_s * 1e9 * pcie_efficiency)
 
 
-def kv_transfer_time_s(num_tokens: int, model: str | ModelSpec, tp: int = 1, bandwidth_gbps: float = 100.0,
+def kv_transfer_time_s(num_tokens: int, model: str | ModelSpec, tp: int = 1, bandwidth_gbytes_s: float = 100.0,
                        latency_s: float = 50e-6, *, nvlink: bool = False, gpu: str | GPUSpec | None = None) -> float:
     """Migrate a request's KV to another replica: latency + all shards' bytes / aggregate bandwidth.
 
-    `bandwidth_gbps` is GB/s (1e9 bytes/s) between the two replicas in total; the default 100 GB/s is an
+    `bandwidth_gbytes_s` is GB/s (1e9 bytes/s) between the two replicas in total; the default 100 GB/s is an
     inter-node link of 8x100 Gb/s NICs. With `nvlink=True` (same node) each of the TP shards sends over its
     own GPU's NVLink, so the aggregate is tp x the GPU's NVLink GB/s; `gpu` is then required.
     """
@@ -93,8 +93,8 @@ def kv_transfer_time_s(num_tokens: int, model: str | ModelSpec, tp: int = 1, ban
     if nvlink:
         if gpu is None:
             raise ConfigError("gpu", None, "a GPU name when nvlink=True (its NVLink bandwidth is used)")
-        bandwidth_gbps = get_gpu(gpu).nvlink_gbps * tp
-    if bandwidth_gbps <= 0:
-        raise ConfigError("bandwidth_gbps", bandwidth_gbps, "a positive number of GB/s")
+        bandwidth_gbytes_s = get_gpu(gpu).nvlink_gbytes_s * tp
+    if bandwidth_gbytes_s <= 0:
+        raise ConfigError("bandwidth_gbytes_s", bandwidth_gbytes_s, "a positive number of GB/s")
     nbytes = num_tokens * kv_bytes_per_token(m, 1)
-    return latency_s + nbytes / (bandwidth_gbps * 1e9)
+    return latency_s + nbytes / (bandwidth_gbytes_s * 1e9)

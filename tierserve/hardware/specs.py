@@ -72,9 +72,9 @@ class GPUSpec:
     name: str
     peak_tflops: float       # dense fp16 tensor-core TFLOP/s
     memory_gb: float         # HBM capacity in GiB (the "80GB" of an A100-80GB is 80 GiB)
-    hbm_gbps: float          # HBM bandwidth, GB/s (1e9 bytes/s)
-    pcie_gbps: float         # host link, GB/s per direction
-    nvlink_gbps: float       # NVLink, GB/s per direction per GPU
+    hbm_gbytes_s: float          # HBM bandwidth, GB/s (1e9 bytes/s)
+    pcie_gbytes_s: float         # host link, GB/s per direction
+    nvlink_gbytes_s: float       # NVLink, GB/s per direction per GPU
     aliases: tuple[str, ...] = field(default=())
     profile_dir: str | None = None   # Vidur compute-profile device folder
     network_dir: str | None = None   # Vidur network-profile folder for all-reduce
@@ -85,7 +85,7 @@ class GPUSpec:
 
     @property
     def hbm_bytes_per_s(self) -> float:
-        return self.hbm_gbps * 1e9
+        return self.hbm_gbytes_s * 1e9
 
     @property
     def memory_bytes(self) -> int:

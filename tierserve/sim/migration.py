@@ -29,7 +29,7 @@ RANK_MIGRATION = 3   # after iteration ends, arrivals and policy ticks at the sa
 class MigrationParams:
     """Migration costs and limits (`ClusterConfig.migration_params`)."""
 
-    bandwidth_gbps: float = 100.0        # GB/s between two replicas (memory.kv_transfer_time_s default)
+    bandwidth_gbytes_s: float = 100.0        # GB/s between two replicas (memory.kv_transfer_time_s default)
     latency_s: float = 50e-6             # per-transfer link latency
     handshake_s: float = 1e-3            # per stage: pre-allocation / commit RPC round trip
     max_stages: int = 3                  # Llumnix migration_max_stages
@@ -42,7 +42,7 @@ class MigrationParams:
             if k not in names:
                 raise ConfigError(f"migration_params.{k}", d[k], f"one of {', '.join(sorted(names))}")
         p = cls(**d)
-        for name in ("bandwidth_gbps",):
+        for name in ("bandwidth_gbytes_s",):
             if not getattr(p, name) > 0:
                 raise ConfigError(f"migration_params.{name}", getattr(p, name), "a positive number")
         for name in ("latency_s", "handshake_s"):
@@ -95,7 +95,7 @@ class MigrationExecutor:
     def copy_time_s(self, blocks: int) -> float:
         p = self.params
         return p.handshake_s + kv_transfer_time_s(blocks * self.block_size, self.model, self.tp,
-                                                  p.bandwidth_gbps, p.latency_s)
+                                                  p.bandwidth_gbytes_s, p.latency_s)
 
     @staticmethod
     def _reserve(dst: Replica, blocks: int) -> bool:
