@@ -10,6 +10,7 @@ import csv
 import sys
 
 from tierserve.core.paths import shared_data
+from tierserve.hardware.calibration import format_fit_summary
 from tierserve.hardware.coefficients import load_store
 from tierserve.hardware.exec_model import build_execution_model, prefill_attention_pairs
 
@@ -67,12 +68,7 @@ def main() -> int:
     store = load_store()
     summ = store.meta.get("fit_error_pct", {})
     if summ:
-        print("\nheld-out fit error (MAPE %, 20% of profile rows held out) per operator:")
-        for k, v in summ["per_operator"].items():
-            print(f"  {k:34s} {v:6.2f}")
-        print("per model/GPU (mean over operators):")
-        for k, v in summ["per_model_gpu"].items():
-            print(f"  {k:34s} {v:6.2f}")
+        print("\n" + format_fit_summary(summ))
     return 0 if mape <= TARGET_MAPE_PCT else 1
 
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from tierserve.core.paths import shared_data
-from tierserve.hardware.calibration import fit_profile_tree
+from tierserve.hardware.calibration import fit_profile_tree, format_fit_summary
 from tierserve.hardware.coefficients import DEFAULT_COEFFICIENTS
 
 
@@ -28,13 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'operator':34s} {'config':34s} {'n_train':>7s} {'n_test':>6s} {'test MAPE%':>10s}")
     for r in reports:
         print(f"{r.op:34s} {r.key:34s} {r.n_train:7d} {r.n_test:6d} {r.mape_test:10.2f}")
-    summ = store.meta["fit_error_pct"]
-    print("\nheld-out MAPE per operator:")
-    for k, v in summ["per_operator"].items():
-        print(f"  {k:34s} {v:6.2f}%")
-    print("held-out MAPE per model/GPU (all operators):")
-    for k, v in summ["per_model_gpu"].items():
-        print(f"  {k:34s} {v:6.2f}%")
+    print("\n" + format_fit_summary(store.meta["fit_error_pct"]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     store.meta["source"] = "vidur/profiling (microsoft/vidur@7d47513 data, see shared/data/vidur/README.md)"
     store.save(args.out)

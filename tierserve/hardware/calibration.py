@@ -559,3 +559,12 @@ def calibrate_from_iterations(csv_path: str | Path) -> IterationFit:
     coef = fit_nonneg(x[~test], y[~test])
     err = mape(x[test] @ coef, y[test]) if test.any() else mape(x @ coef, y)
     return IterationFit(*(float(c) for c in coef), n_rows=len(y), mape_test=err, source=str(p))
+
+
+def format_fit_summary(summary: dict) -> str:
+    """The held-out fit errors (`CoefficientStore.meta['fit_error_pct']`) as printable lines."""
+    lines = ["held-out fit error (MAPE %, 20% of profile rows held out) per operator:"]
+    lines += [f"  {k:34s} {v:6.2f}" for k, v in summary["per_operator"].items()]
+    lines.append("per model/GPU (mean over operators):")
+    lines += [f"  {k:34s} {v:6.2f}" for k, v in summary["per_model_gpu"].items()]
+    return "\n".join(lines)
