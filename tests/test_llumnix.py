@@ -103,7 +103,7 @@ def test_llumnix_k_holds_when_every_instance_is_busy_and_orders_by_tier():
     full = FakeView(0, used_blocks=995, running=[running_state(i, 1, 199) for i in range(5)])
     assert pol.dispatch(waiting_state(1, 1), [full], 0.0) is None
     q = [waiting_state(1, 1, arrival=0.0), waiting_state(2, 0, arrival=1.0), waiting_state(3, 1, arrival=0.5)]
-    assert [s.id for s in pol.dispatch_order(q)] == [2, 1, 3]
+    assert [s.id for s in pol.dispatch_order(q, 0.0)] == [2, 1, 3]
 
 
 def test_infaas_picks_least_loaded_instance_that_fits():

@@ -124,7 +124,7 @@ class Cluster:
 
     def _drain_queue(self) -> None:
         now = self.loop.now
-        for state in self.policy.dispatch_order(list(self.queue)):
+        for state in self.policy.dispatch_order(list(self.queue), now):
             target = self.policy.dispatch(state, self.handles, now)
             if target is None:
                 break                     # strict order: nothing overtakes a held request
@@ -142,8 +142,11 @@ class Cluster:
         if self.queue:
             self._drain_queue()
         moves: list[Move] = self.policy.rebalance(self.handles, now)
+        started = 0
         if moves and self.migration is not None:
             for move in moves:
-                self.migration.start(move)
-        if not self.all_ended:
+                started += bool(self.migration.start(move))
+        # With no other event pending and nothing moved, no later tick can change anything: stop, and let
+        # the run report what is left (stranded) rather than tick forever.
+        if not self.all_ended and (self.loop.pending or started):
             self.loop.at(now + self.policy.rebalance_period_s, RANK_TICK, self._tick)

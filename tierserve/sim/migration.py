@@ -131,8 +131,8 @@ class MigrationExecutor:
             self.queued_moves += 1
             src.poke()
             return True
-        if state.status != Status.RUNNING:
-            self.refused += 1
+        if state.status != Status.RUNNING or len(dst.running) + len(dst.paused) >= dst.max_num_seqs:
+            self.refused += 1           # (a full batch on the destination cannot take one more request)
             return False
         m = LiveMigration(state, src, dst)
         self.started += 1

@@ -27,10 +27,12 @@ def prefill_attention_pairs(chunk: int, context_before: int) -> float:
 class DecodeRun:
     """A repeatable decode-only batch executing k iterations; `done` of them applied so far."""
 
-    __slots__ = ("batch", "ends", "done", "tier_counts")
+    __slots__ = ("batch", "start_s", "ends", "done", "tier_counts")
 
-    def __init__(self, batch: list[RequestState], ends: list[float], tier_counts: dict[int, int]) -> None:
+    def __init__(self, batch: list[RequestState], start_s: float, ends: list[float],
+                 tier_counts: dict[int, int]) -> None:
         self.batch = batch
+        self.start_s = start_s
         self.ends = ends
         self.done = 0
         self.tier_counts = tier_counts
@@ -295,8 +297,7 @@ class Replica:
                 break
         self.iterations += len(ends)
         self.busy_s += busy
-        self.kv_block_seconds += (self.total_blocks - self.free_blocks) * busy
-        self._run = DecodeRun(batch, ends, tiers)
+        self._run = DecodeRun(batch, now, ends, tiers)      # KV block-seconds are charged as it is applied
         self._version += 1
         self.loop.at(ends[-1], RANK_ITERATION_END, self._end_run, self._version)
 
@@ -327,6 +328,9 @@ class Replica:
         """Apply iterations run.done … upto-1 to every request in the run."""
         ends = run.ends
         m0 = run.done
+        if upto <= m0:
+            return          # already applied (another replica read this one at the instant its run ended)
+        used_before = self.total_blocks - self.free_blocks
         cnt = upto - m0
         last = ends[upto - 1]
         shared_max = 0.0
@@ -368,6 +372,9 @@ class Replica:
         used = self.total_blocks - free
         if used > self.max_used_blocks:
             self.max_used_blocks = used
+        # Trapezoid over the applied iterations; exact for one iteration, as stepping charges it.
+        span = last - (ends[m0 - 1] if m0 else run.start_s)
+        self.kv_block_seconds += 0.5 * (used_before + used) * span
         run.done = upto
 
     def _end_run(self, version: int) -> None:
@@ -390,10 +397,8 @@ class Replica:
         ends = run.ends
         keep = run.done + 1
         if keep < len(ends):
-            dropped = ends[-1] - ends[keep - 1]
-            self.busy_s -= dropped
+            self.busy_s -= ends[-1] - ends[keep - 1]
             self.iterations -= len(ends) - keep
-            self.kv_block_seconds -= (self.total_blocks - self.free_blocks) * dropped
             del ends[keep:]
             self._version += 1
             self.loop.at(ends[-1], RANK_ITERATION_END, self._end_run, self._version)

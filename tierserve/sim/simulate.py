@@ -29,19 +29,28 @@ class SimResult:
 
 
 class RejectionRule:
-    """Requests that can never be served on these replicas are rejected on arrival, with a reason."""
+    """Requests that can never be served on these replicas are rejected on arrival, with a reason.
 
-    def __init__(self, total_blocks: int, block_size: int, max_model_len: int, max_prompt: int | None) -> None:
-        self.capacity_tokens = total_blocks * block_size
+    A request must fit alone: the blocks its policy makes it hold at its largest (prompt + output, or
+    Orca's max_model_len reservation) within the capacity admission may use (total − watermark).
+    """
+
+    def __init__(self, policy, total_blocks: int, watermark_blocks: int, block_size: int, max_model_len: int,
+                 max_prompt: int | None) -> None:
+        self.policy = policy
+        self.usable_blocks = total_blocks - watermark_blocks
+        self.block_size = block_size
         self.max_model_len = max_model_len
         self.max_prompt = max_prompt
 
     def __call__(self, r: Request) -> str | None:
         total = r.prompt_tokens + r.output_tokens
-        if total > self.capacity_tokens:
-            return f"prompt+output = {total} tokens exceeds the replica's KV capacity of {self.capacity_tokens} tokens"
         if total > self.max_model_len:
             return f"prompt+output = {total} tokens exceeds max_model_len {self.max_model_len}"
+        need = self.policy.blocks_to_hold(RequestState(r), total, self.block_size)
+        if need > self.usable_blocks:
+            return (f"needs {need} KV blocks of {self.block_size} tokens (prompt+output = {total} tokens) but a "
+                    f"replica admits at most {self.usable_blocks} (KV capacity less the watermark)")
         if self.max_prompt is not None and total - 1 > self.max_prompt:
             return (f"prompt+output-1 = {total - 1} tokens cannot be (re)computed in one batch of at most "
                     f"{self.max_prompt} tokens (policy without chunked prefill)")
@@ -69,7 +78,8 @@ def build_replicas(cfg: ClusterConfig, loop: EventLoop, num_tiers: int, predicto
     limits = [rc.max_model_len or get_model(rc.model).max_model_len]
     if policy0.max_request_tokens() is not None:
         limits.append(policy0.max_request_tokens())
-    rule = RejectionRule(total_blocks, rc.block_size, min(limits), policy0.max_prompt_tokens(replicas[0].token_budget))
+    rule = RejectionRule(policy0, total_blocks, replicas[0].watermark_blocks, rc.block_size, min(limits),
+                         policy0.max_prompt_tokens(replicas[0].token_budget))
     return replicas, rule
 
 
@@ -103,7 +113,8 @@ def simulate(cfg: ClusterConfig, requests: Sequence[Request], num_tiers: int = 1
     reasons = dict(cluster.reasons)
     for s in cluster.states:
         if s.status not in (Status.FINISHED, Status.REJECTED):
-            reasons[s.id] = f"still {s.status.name.lower()} at the time limit {cfg.time_limit_s} s"
+            reasons[s.id] = (f"still {s.status.name.lower()} at the time limit {cfg.time_limit_s} s" if cfg.time_limit_s
+                             else f"still {s.status.name.lower()} when no event was left to serve it (stranded)")
     for r in requests[len(cluster.states):]:    # never arrived before the time limit
         reasons[r.id] = f"arrives after the time limit {cfg.time_limit_s} s"
         cluster.states.append(RequestState(r))
@@ -126,6 +137,8 @@ def simulate(cfg: ClusterConfig, requests: Sequence[Request], num_tiers: int = 1
     if migration is not None:
         stats.update(migration.stats())
     for rep in replicas:
-        if rep.free_blocks != rep.total_blocks and not (rep.running or rep.swapped):
-            raise AssertionError(f"replica {rep.index}: {rep.total_blocks - rep.free_blocks} KV blocks never returned")
+        held = rep.reserved_blocks + sum(s.num_blocks for s in rep.running + rep.paused)
+        if rep.free_blocks + held != rep.total_blocks:
+            raise AssertionError(f"replica {rep.index}: {rep.total_blocks - rep.free_blocks - held} KV blocks "
+                                 f"unaccounted for at the end of the run")
     return SimResult(cluster.states, reasons, tbt, duration, stats)

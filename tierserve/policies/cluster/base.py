@@ -62,8 +62,8 @@ class ClusterPolicy(ABC):
     def dispatch(self, state: RequestState, instances: Sequence[InstanceView], now: float) -> int | None:
         ...
 
-    def dispatch_order(self, queued: list[RequestState]) -> list[RequestState]:
-        """Order in which held requests are retried; arrival order by default."""
+    def dispatch_order(self, queued: list[RequestState], now: float) -> list[RequestState]:
+        """Order in which held requests are retried at time `now`; arrival order by default."""
         return queued
 
     def rebalance(self, instances: Sequence[InstanceView], now: float) -> list[Move]:

@@ -86,8 +86,8 @@ class LlumnixPolicy(ClusterPolicy):
         return load.freeness(load.headroom(self.headroom.budgets(load.total_blocks)))
 
     # ----- dispatch -----
-    def dispatch_order(self, queued: list[RequestState]) -> list[RequestState]:
-        return sorted(queued, key=lambda s: (s.request.tier, s.request.arrival_s, s.request.id))
+    def dispatch_order(self, queued: list[RequestState], now: float) -> list[RequestState]:
+        return sorted(queued, key=lambda s: (self.effective_tier(s, now), s.request.arrival_s, s.request.id))
 
     def dispatch(self, state: RequestState, instances: Sequence[InstanceView], now: float) -> int | None:
         self.check_tier(state)

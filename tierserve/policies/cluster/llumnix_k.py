@@ -81,7 +81,6 @@ class LlumnixKAdaptive(LlumnixK):
         self.miss_goal = [0.01] * self.num_tiers          # 1 − attainment, read from judged requests
         self._pending: list[RequestState] = []
         self._next_adapt = self.adapt_period_s
-        self._now = 0.0
         self.history: list[tuple[float, list[float]]] = []   # (time, multipliers) after each adaptation
 
     @property
@@ -94,19 +93,13 @@ class LlumnixKAdaptive(LlumnixK):
             return t
         return max(self.promote_floor, t - int((now - state.request.arrival_s) / self.promote_after_s))
 
-    def dispatch_order(self, queued: list[RequestState]) -> list[RequestState]:
-        now = self._now    # the cluster drains right after it last called dispatch/rebalance at this time
-        return sorted(queued, key=lambda s: (self.effective_tier(s, now), s.request.arrival_s, s.request.id))
-
     def dispatch(self, state: RequestState, instances: Sequence[InstanceView], now: float) -> int | None:
-        self._now = now
         target = super().dispatch(state, instances, now)
         if target is not None and state.request.slo.ttft_s is not None:
             self._pending.append(state)
         return target
 
     def rebalance(self, instances: Sequence[InstanceView], now: float) -> list[Move]:
-        self._now = now
         if now >= self._next_adapt:
             self._next_adapt = now + self.adapt_period_s
             self.adapt(now)

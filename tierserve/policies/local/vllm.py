@@ -43,7 +43,7 @@ class VLLMPolicy(LocalPolicy):
         end = len(running)
         all_decode = True
         i = 0
-        while i < end and budget > 0:
+        while i < end and budget > 0 and len(scheduled) < view.max_num_seqs:
             r = running[i]
             n = r.num_tokens - r.num_computed_tokens
             if cap and n > cap:
