@@ -130,6 +130,8 @@ class Replica:
         scheduled = plan.scheduled
         if not scheduled:
             self._busy = False
+            if plan.preempt:            # evictions freed blocks: plan again (bounded: running only shrinks)
+                self._start_next()
             return
         self._busy = True
         if plan.repeatable and not swap_s and self._admit_all_decode(scheduled):
@@ -422,6 +424,7 @@ class Replica:
         if not self.in_flight(state):
             self._pause_now(state)
             on_paused(True)
+            self.poke()                 # the running set changed: the policy must see it, as stepping would
             return
         self._pause_requests.append((state, on_paused))
         if self._run is not None:

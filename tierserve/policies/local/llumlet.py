@@ -53,7 +53,7 @@ class LlumletPolicy(VLLMPriorityPolicy):
         """Earliest time a queued request's effective tier drops (its order may then change)."""
         step = self.promote_after_s
         nxt = math.inf
-        for s in view.waiting:
+        for s in view.waiting + view.running:     # running requests still in prefill are ordered too
             if self.effective_tier(s) > self.promote_floor and s.first_token_s < 0:
                 waited = view.now - s.request.arrival_s
                 nxt = min(nxt, s.request.arrival_s + (math.floor(waited / step) + 1) * step)
