@@ -71,8 +71,9 @@ def test_malformed_trace_is_a_clear_error(tmp_path):
     assert "prompt_tokens" in proc.stderr and "abc" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_compare_runs_stacks_side_by_side():
+def test_compare_runs_stacks_side_by_side(tmp_path):
     result = runner.invoke(app, ["compare", "--stacks", "vllm+round_robin,sarathi+jsq", "-n", "200",
-                                 "--executor", "serial"])
+                                 "--executor", "serial", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert "vllm+round_robin" in result.output and "sarathi+jsq" in result.output
+    assert (tmp_path / "sarathi__jsq" / "requests.csv").exists()

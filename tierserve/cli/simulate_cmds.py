@@ -111,15 +111,12 @@ def register(app: typer.Typer, console: Console) -> None:
                 raise ConfigError("--stacks", stack, "LOCAL+CLUSTER, e.g. vllm+round_robin")
             cfgs[stack] = scenario_from_options(config, dict(local_policy=local, cluster_policy=glob, replicas=replicas,
                                                              rate=rate, num_requests=num_requests, seed=seed))
-        results = run_many(_run_summary, [{"cfg": c.model_dump(mode="json")} for c in cfgs.values()],
-                           executor=executor, description="stacks")
-        summaries = {}
-        for (stack, cfg), (summary, paths) in zip(cfgs.items(), results):
-            summaries[stack] = summary
+        jobs = [{"cfg": c.model_dump(mode="json"), "outdir": str(Path(out) / stack.replace("+", "__")) if out else None}
+                for stack, c in cfgs.items()]
+        summaries = dict(zip(cfgs, run_many(_run_summary, jobs, executor=executor, description="stacks")))
         render_comparison(summaries, console=console)
         if out:
-            for stack, cfg in cfgs.items():
-                write_result(run_scenario(cfg), Path(out) / stack.replace("+", "__"))
+            console.print(f"wrote each stack's requests.csv and summary.json under {out}/")
 
     @app.command()
     def policies() -> None:
@@ -130,7 +127,9 @@ def register(app: typer.Typer, console: Console) -> None:
         console.print("cluster (global): " + ", ".join(CLUSTER_POLICIES.names))
 
 
-def _run_summary(cfg: dict):
-    """Process-pool worker: run a scenario, return its summary (picklable)."""
+def _run_summary(cfg: dict, outdir: str | None = None):
+    """Process-pool worker: run a scenario, write its outputs if asked, return its summary (picklable)."""
     result = run_scenario(ScenarioConfig.from_dict(cfg))
-    return result.summary, None
+    if outdir:
+        write_result(result, outdir)
+    return result.summary

@@ -274,7 +274,8 @@ def run_ktier(setup: KTierSetup, out: Path, executor: str = "process", progress:
                  f"({setup.rate_per_replica} req/s per replica; Azure-2023 conversation lengths clipped to "
                  f"{setup.max_total_tokens} tokens). INFaaS+vLLM served {min(served):.1f}–{max(served):.1f} req/s with "
                  f"busy fraction {min(r.busy_fraction for r in base):.2f}–{max(r.busy_fraction for r in base):.2f}: "
-                 f"offered/served = {offered / max(served):.2f}–{offered / min(served):.2f} (busy cluster). "
+                 f"offered/served = {offered / max(served):.2f}–{offered / min(served):.2f} "
+                 f"({'saturated cluster' if offered / max(served) > 1.0 else 'below saturation'}). "
                  f"Runs stop at {setup.time_limit_factor}× the arrival span; unfinished requests are reported as censored.")
     table = table_rows(rows)
     with open(out / "ktier_runs.csv", "w", newline="") as f:
