@@ -77,3 +77,28 @@ def test_compare_runs_stacks_side_by_side(tmp_path):
     assert result.exit_code == 0, result.output
     assert "vllm+round_robin" in result.output and "sarathi+jsq" in result.output
     assert (tmp_path / "sarathi__jsq" / "requests.csv").exists()
+
+
+def test_calibrate_from_iterations_then_simulate_with_the_fit(tmp_path):
+    import random
+    from tierserve.experiments.scenario import run_scenario
+    rng = random.Random(0)
+    log = tmp_path / "iterations.csv"
+    rows = ["prefill_tokens,decode_count,prefill_context,decode_context_sum,measured_ms"]
+    for _ in range(300):
+        p, b, ctx = rng.choice([0, 128, 512, 1024]), rng.randint(0, 64), rng.randint(0, 2048)
+        c = b * rng.randint(100, 2000)
+        if p == 0 and b == 0:
+            b, c = 1, 500
+        ms = 8.0 + 0.04 * p + 0.03 * b + 1e-6 * p * (ctx + p / 2) + 4e-5 * c
+        rows.append(f"{p},{b},{ctx},{c},{ms * (1 + rng.uniform(-0.01, 0.01)):.4f}")
+    log.write_text("\n".join(rows) + "\n")
+    fit_json = tmp_path / "fit.json"
+    result = runner.invoke(app, ["calibrate", "--iterations", str(log), "--out", str(fit_json)])
+    assert result.exit_code == 0, result.output
+    cfg = ScenarioConfig.from_dict({"workload": {"num_requests": 200},
+                                    "cluster": {"replica": {"exec_model_file": str(fit_json)}}})
+    res = run_scenario(cfg)
+    assert res.summary.all.finished == 200
+    # The fitted 8 ms floor shows in every token gap.
+    assert res.summary.all.tbt.p50 > 0.008

@@ -310,6 +310,27 @@ def build_execution_model(model: str, gpu: str, tp: int = 1, *, calibrated: bool
                          str(coefficients) if coefficients else None)
 
 
+def load_execution_model(path: str, model: str, gpu: str, tp: int = 1) -> ExecutionTimeModel:
+    """The model `tierserve calibrate --out FILE` wrote: a coefficient store (from profiles) or a linear
+    fit of measured iterations, told apart by their keys."""
+    import json
+    from pathlib import Path
+
+    from tierserve.core.errors import ConfigError
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("exec_model_file", str(path), "an existing JSON file written by `tierserve calibrate`")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError("exec_model_file", str(path), f"valid JSON ({e})") from None
+    if isinstance(data, dict) and "c_ctx_s" in data:
+        from tierserve.hardware.calibration import IterationFit
+        fields = IterationFit.__dataclass_fields__
+        return IterationFit(**{k: v for k, v in data.items() if k in fields}).to_model(p.stem)
+    return build_execution_model(model, gpu, tp, coefficients=str(p))
+
+
 def model_from_linear_coefficients(name: str, c0_s: float, c_prefill_tok_s: float, c_decode_tok_s: float,
                                    c_pair_s: float, c_ctx_s: float) -> ExecutionTimeModel:
     """An ExecutionTimeModel of DESIGN.md's linear form t = c0 + c1·P + c2·B + c3·pairs + c4·C."""
@@ -321,6 +342,7 @@ def model_from_linear_coefficients(name: str, c0_s: float, c_prefill_tok_s: floa
 
 
 __all__ = [
-    "ExecutionTimeModel", "build_execution_model", "prefill_attention_pairs", "model_from_linear_coefficients",
+    "ExecutionTimeModel", "build_execution_model", "load_execution_model", "prefill_attention_pairs",
+    "model_from_linear_coefficients",
     "TABLE_TOKENS",
 ]

@@ -23,6 +23,7 @@ class ReplicaConfig(BaseModel):
     max_num_seqs: int | None = Field(None, ge=1, description="Max requests per batch; None = the policy's default.")
     watermark_fraction: float = Field(0.01, ge=0, lt=1, description="KV blocks kept free on admission (Sarathi/vLLM v0: 1%).")
     max_model_len: int | None = Field(None, ge=1, description="Longest prompt+output served; None = the model's.")
+    exec_model_file: str | None = Field(None, description="JSON from `tierserve calibrate --out`; None = shipped fit.")
 
     @field_validator("model")
     @classmethod

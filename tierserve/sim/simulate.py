@@ -60,8 +60,9 @@ class RejectionRule:
 def build_replicas(cfg: ClusterConfig, loop: EventLoop, num_tiers: int, predictor=None) -> tuple[list[Replica], RejectionRule]:
     rc = cfg.replica
     if predictor is None:
-        from tierserve.hardware.exec_model import build_execution_model
-        predictor = build_execution_model(rc.model, rc.gpu, rc.tp)
+        from tierserve.hardware.exec_model import build_execution_model, load_execution_model
+        predictor = (load_execution_model(rc.exec_model_file, rc.model, rc.gpu, rc.tp) if rc.exec_model_file
+                     else build_execution_model(rc.model, rc.gpu, rc.tp))
     total_blocks = rc.num_blocks or kv_capacity_blocks(rc.model, rc.gpu, rc.tp, rc.gpu_memory_utilization, rc.block_size)
     swap_per_block = swap_time_s(1, rc.model, rc.gpu, rc.tp, rc.block_size)
     replicas = []
