@@ -9,6 +9,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tierserve.core import ConfigError
+from tierserve.core.files import read_mapping
 from tierserve.metrics import RequestTable, RunSummary, TokenTBT, summarize, write_outputs
 from tierserve.sim import ClusterConfig, SimResult, simulate
 from tierserve.workload import Workload, WorkloadConfig, build_workload, default_workload
@@ -36,18 +37,8 @@ class ScenarioConfig(BaseModel):
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> ScenarioConfig:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError("--config", str(path), "an existing YAML file")
-        try:
-            data = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as e:
-            raise ConfigError("--config", str(path), f"valid YAML ({e})") from None
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise ConfigError("--config", str(path), "a YAML mapping with keys name, seed, cluster, workload")
-        return cls.from_dict(data)
+        """A scenario file: a YAML mapping with keys name, seed, cluster, workload."""
+        return cls.from_dict(read_mapping(path, "--config", yaml.safe_load, (yaml.YAMLError,), "YAML"))
 
 
 @dataclass

@@ -316,19 +316,13 @@ def load_execution_model(path: str, model: str, gpu: str, tp: int = 1) -> Execut
     import json
     from pathlib import Path
 
-    from tierserve.core.errors import ConfigError
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError("exec_model_file", str(path), "an existing JSON file written by `tierserve calibrate`")
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError("exec_model_file", str(path), f"valid JSON ({e})") from None
-    if isinstance(data, dict) and "c_ctx_s" in data:
+    from tierserve.core.files import read_mapping
+    data = read_mapping(path, "exec_model_file", json.loads, (ValueError,), "JSON")
+    if "c_ctx_s" in data:
         from tierserve.hardware.calibration import IterationFit
         fields = IterationFit.__dataclass_fields__
-        return IterationFit(**{k: v for k, v in data.items() if k in fields}).to_model(p.stem)
-    return build_execution_model(model, gpu, tp, coefficients=str(p))
+        return IterationFit(**{k: v for k, v in data.items() if k in fields}).to_model(Path(path).stem)
+    return build_execution_model(model, gpu, tp, coefficients=str(path))
 
 
 def model_from_linear_coefficients(name: str, c0_s: float, c_prefill_tok_s: float, c_decode_tok_s: float,

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tierserve.core.errors import ConfigError
+from tierserve.core.files import read_mapping
 from tierserve.core.request import Request
 from tierserve.core.slo import SLO, Tier, TierSet
 from tierserve.workload import arrivals as arr
@@ -248,7 +249,7 @@ class WorkloadConfig(_Section):
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> WorkloadConfig:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        data = read_mapping(path, "workload file", yaml.safe_load, (yaml.YAMLError,), "YAML")
         if "workload" in data and len(data) == 1:
             data = data["workload"]  # accept a file whose top level is `workload:`
         return cls.from_dict(data)
