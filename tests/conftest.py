@@ -39,3 +39,27 @@ def make_requests(n: int, rate: float, seed: int = 1, num_tiers: int = 1, prompt
 @pytest.fixture
 def requests_small():
     return make_requests(300, rate=20.0, num_tiers=3)
+
+
+class Stepwise:
+    """Wraps a registered local policy and marks every plan non-repeatable, so each decode goes through
+    the executor's single-iteration path (the reference that skip-ahead must reproduce exactly)."""
+
+    def __new__(cls, inner: str = "vllm", **params):
+        from tierserve.policies.local import LOCAL_POLICIES
+        policy = LOCAL_POLICIES.create(inner, **params)
+        plan = policy.plan
+
+        def plan_one_step(view):
+            p = plan(view)
+            p.repeatable = False
+            return p
+
+        policy.plan = plan_one_step     # an instance attribute: hooks and declarations stay the inner's
+        return policy
+
+
+def register_stepwise():
+    """Make `stepwise` (inner policy name in local_policy_params['inner']) a local policy for this session."""
+    from tierserve.policies.local import LOCAL_POLICIES
+    LOCAL_POLICIES.table["stepwise"] = "conftest:Stepwise"

@@ -34,7 +34,10 @@ def test_request_no_replica_could_admit_is_rejected_not_stranded(policy, cluster
     cfg = ClusterConfig(num_replicas=1, local_policy=policy, cluster_policy=cluster,
                         replica={"num_blocks": 100, "token_budget": 2048, "watermark_fraction": 0.01})
     res = simulate(cfg, reqs, predictor=LinearPredictor())
-    assert res.states[0].status == Status.REJECTED and "KV blocks" in res.reasons[0]
+    if policy == "vllm":        # vLLM v1 keeps no watermark: the request fits in 100 blocks and is served
+        assert res.states[0].status == Status.FINISHED
+    else:
+        assert res.states[0].status == Status.REJECTED and "KV blocks" in res.reasons[0]
     assert res.states[1].status in (Status.FINISHED, Status.REJECTED)
 
 

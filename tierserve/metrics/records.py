@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from tierserve.core import Outcome, RequestState, Status
+from tierserve.core import Outcome, RequestState, Status, request_of
 from tierserve.metrics.stats import LatencyStats, weighted_latency_stats, weighted_mean, weighted_quantile
 
 # Column name -> numpy dtype, in CSV order. `object` columns hold Python str.
@@ -29,10 +29,12 @@ COLUMNS: dict[str, type | str] = {
     "output_tokens": np.int64,
     "generated_tokens": np.int64,
     "preemptions": np.int64,
+    "swaps": np.int64,
     "migrations": np.int64,
     "replica": np.int64,
     "outcome": np.int8,
     "reason": object,
+    "relegated_s": np.float64,
     "tbt_max_s": np.float64,
     "ttft_slo_s": np.float64,
     "tbt_slo_s": np.float64,
@@ -43,9 +45,10 @@ COLUMNS: dict[str, type | str] = {
 SLO_EPS_S = 1e-9
 
 
-def _outcome(status: Status) -> int:
+def _outcome(state: RequestState) -> int:
+    status = state.status
     if status == Status.FINISHED:
-        return int(Outcome.FINISHED)
+        return int(Outcome.RELEGATED if state.relegated_s >= 0 else Outcome.FINISHED)
     if status == Status.REJECTED:
         return int(Outcome.REJECTED)
     return int(Outcome.CENSORED)  # still waiting/running/swapped/migrating when the run stopped
@@ -96,7 +99,7 @@ class RequestTable:
         """One row per state; `reasons` maps request id -> why it was rejected or censored."""
         states = list(states)
         reasons = reasons or {}
-        reqs = [s.request for s in states]
+        reqs = [request_of(s) for s in states]
         slos = [r.slo for r in reqs]
         cols = {
             "id": [r.id for r in reqs],
@@ -110,10 +113,12 @@ class RequestTable:
             "output_tokens": [r.output_tokens for r in reqs],
             "generated_tokens": [s.num_generated for s in states],
             "preemptions": [s.num_preemptions for s in states],
+            "swaps": [s.num_swaps for s in states],
             "migrations": [s.num_migrations for s in states],
             "replica": [s.replica for s in states],
-            "outcome": [_outcome(s.status) for s in states],
-            "reason": [reasons.get(r.id, "") for r in reqs],
+            "outcome": [_outcome(s) for s in states],
+            "reason": [reasons.get(s.id) or s.relegation_reason for s in states],
+            "relegated_s": [_ts(s.relegated_s) for s in states],
             "tbt_max_s": [s.tbt_max_s for s in states],
             "ttft_slo_s": [_target(o.ttft_s) for o in slos],
             "tbt_slo_s": [_target(o.tbt_s) for o in slos],
@@ -163,7 +168,14 @@ class RequestTable:
     # ---- outcomes -----------------------------------------------------------------------------------
     @property
     def finished(self) -> NDArray[np.bool_]:
-        return self._cols["outcome"] == Outcome.FINISHED
+        """Produced every output token (relegated requests included: they still finish)."""
+        o = self._cols["outcome"]
+        return (o == Outcome.FINISHED) | (o == Outcome.RELEGATED)
+
+    @property
+    def relegated(self) -> NDArray[np.bool_]:
+        """Finished after a policy relegated it (gave up on its deadline); `reason` says why."""
+        return self._cols["outcome"] == Outcome.RELEGATED
 
     @property
     def rejected(self) -> NDArray[np.bool_]:

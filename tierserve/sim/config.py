@@ -1,7 +1,7 @@
 """Validated configuration of a simulated cluster (hardware, limits, policies). Defaults live here only."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -23,7 +23,17 @@ class ReplicaConfig(BaseModel):
     max_num_seqs: int | None = Field(None, ge=1, description="Max requests per batch; None = the policy's default.")
     watermark_fraction: float = Field(0.01, ge=0, lt=1, description="KV blocks kept free on admission (Sarathi/vLLM v0: 1%).")
     max_model_len: int | None = Field(None, ge=1, description="Longest prompt+output served; None = the model's.")
+    swap_space_gib: float = Field(4.0, ge=0, description="Host memory per GPU for swapped-out KV (GiB; vLLM v0's "
+                                  "--swap-space default 4). A swap that does not fit falls back to recompute.")
+    pcie_efficiency: float = Field(0.8, gt=0, le=1, description="Fraction of the GPU's PCIe bandwidth a KV swap achieves.")
     exec_model_file: str | None = Field(None, description="JSON from `tierserve calibrate --out`; None = shipped fit.")
+    exec_mode: Literal["physical", "vidur_parity"] = Field(
+        "physical", description="Execution-time model: 'physical' (HBM-bound KV writes, LM head, per-iteration "
+                                "CPU overhead) or 'vidur_parity' (Vidur's profiled KV write, no LM head, no "
+                                "overhead; for comparisons with Vidur).")
+    iteration_overhead_ms: float | None = Field(
+        None, ge=0, description="CPU/scheduling time added to every non-empty iteration, in ms; None = the "
+                                "mode's default (physical: 0.29 ms, vidur_parity: 0) or the calibrated file's.")
 
     @field_validator("model")
     @classmethod

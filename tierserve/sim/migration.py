@@ -9,6 +9,15 @@ copies the rest, then commits: the source frees its blocks and the destination a
 destination cannot reserve blocks, the migration aborts: reservations are returned and a paused request
 resumes on the source with its KV intact, so nothing is lost. One migration per instance at a time.
 Stage time = handshake + `kv_transfer_time_s(blocks·block_size tokens)` (latency + bytes / link bandwidth).
+While a live migration copies KV out of a replica, that replica's iterations run `source_slowdown` times
+slower. Queued moves and live migrations are counted apart.
+
+Defaults follow Llumnix (OSDI'24) as measured, not an ideal link: 1 GB/s is the migration bandwidth of
+Llumnix's own simulator (`LatencyMemData`, shared/reference/llumnix-sarathi-vllm-schedulers.md §1.9); a last
+stage of ≤ 4 blocks is the paper-era setting (v0.1.0), which with LLaMA-7B's 8 MB blocks gives the
+constant tens-of-ms downtime the paper reports (5 blocks × 8 MB / 1 GB/s ≈ 42 ms); each stage pays two RPCs
+(pre-allocate, then commit/next), ~1 ms each (our assumption); the paper reports ~1% slowdown of the other
+requests on the source during a copy.
 """
 from __future__ import annotations
 
@@ -29,11 +38,12 @@ RANK_MIGRATION = 3   # after iteration ends, arrivals and policy ticks at the sa
 class MigrationParams:
     """Migration costs and limits (`ClusterConfig.migration_params`)."""
 
-    bandwidth_gbytes_s: float = 100.0        # GB/s between two replicas (memory.kv_transfer_time_s default)
+    bandwidth_gbytes_s: float = 1.0      # GB/s between two replicas (Llumnix simulator's migration_bandwidth)
     latency_s: float = 50e-6             # per-transfer link latency
-    handshake_s: float = 1e-3            # per stage: pre-allocation / commit RPC round trip
+    handshake_s: float = 2e-3            # per stage: two RPC round trips (pre-allocate; commit or next stage)
     max_stages: int = 3                  # Llumnix migration_max_stages
-    last_stage_max_blocks: int = 16      # Llumnix HEAD migration_last_stage_max_blocks
+    last_stage_max_blocks: int = 4       # Llumnix v0.1.0 migration_last_stage_max_blocks (HEAD: 16)
+    source_slowdown: float = 1.01        # iteration-time factor on the source while it copies (paper: ~1%)
 
     @classmethod
     def from_dict(cls, d: dict) -> MigrationParams:
@@ -45,6 +55,8 @@ class MigrationParams:
         for name in ("bandwidth_gbytes_s",):
             if not getattr(p, name) > 0:
                 raise ConfigError(f"migration_params.{name}", getattr(p, name), "a positive number")
+        if not p.source_slowdown >= 1.0:
+            raise ConfigError("migration_params.source_slowdown", p.source_slowdown, "a factor >= 1.0")
         for name in ("latency_s", "handshake_s"):
             if not getattr(p, name) >= 0:
                 raise ConfigError(f"migration_params.{name}", getattr(p, name), "a number >= 0")
@@ -83,7 +95,7 @@ class MigrationExecutor:
         self.block_bytes = kv_bytes_per_token(self.model, 1) * self.block_size
         self.handles = None
         self.active: list[LiveMigration] = []
-        self.started = self.committed = self.aborted = self.refused = self.queued_moves = 0
+        self.started = self.committed = self.aborted = self.refused = self.queued_moves = 0   # live: started…aborted
         self.blocks_moved = 0
         self.downtimes: list[float] = []
         self.abort_reasons: dict[str, int] = {}
@@ -126,8 +138,6 @@ class MigrationExecutor:
             src.withdraw_waiting(state)          # no KV: Llumnix's waiting-request migration
             dst.enqueue(state)
             state.num_migrations += 1
-            self.started += 1
-            self.committed += 1
             self.queued_moves += 1
             src.poke()
             return True
@@ -138,6 +148,7 @@ class MigrationExecutor:
         self.started += 1
         self.active.append(m)
         self._hold(m, +1)
+        src.set_slowdown(self.params.source_slowdown)
         self._stage(m)
         return True
 
@@ -199,21 +210,22 @@ class MigrationExecutor:
     def _end(self, m: LiveMigration) -> None:
         self.active.remove(m)
         self._hold(m, -1)
+        m.src.set_slowdown(1.0)
 
     # ----- results -----
     def stats(self) -> dict[str, float]:
         d = np.asarray(self.downtimes, dtype=float)
         out: dict[str, float] = {
-            "migrations_started": self.started,
-            "migrations_committed": self.committed,
-            "migrations_aborted": self.aborted,
-            "migrations_refused": self.refused,
+            "migrations_live_started": self.started,
+            "migrations_live_committed": self.committed,
+            "migrations_live_aborted": self.aborted,
             "migrations_queued": self.queued_moves,
+            "migrations_refused": self.refused,
             "migration_bytes": float(self.blocks_moved * self.block_bytes),
             "migration_downtime_total_s": float(d.sum()) if d.size else 0.0,
             "migration_downtime_mean_s": float(d.mean()) if d.size else 0.0,
             "migration_downtime_p99_s": float(np.percentile(d, 99)) if d.size else 0.0,
         }
         for reason, n in sorted(self.abort_reasons.items()):
-            out[f"migrations_aborted_{reason}"] = n
+            out[f"migrations_live_aborted_{reason}"] = n
         return out

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from typing import Callable
 
-from tierserve.core import BatchPlan, PreemptMode, RequestState, Status
+from tierserve.core import BatchPlan, PreemptMode, RequestState, Status, true_output_tokens
 from tierserve.core.histogram import LogHistogram
 from tierserve.policies.local.base import LocalPolicy, PolicyError
+from tierserve.policies.local.view import Oracle, ReplicaView
 from tierserve.sim.events import EventLoop
 
 RANK_ITERATION_END = 0   # an iteration that ends when a request arrives is applied before the arrival
+RANK_PLAN = 5            # an idle replica plans once everything else at this instant has happened
 
 
 def prefill_attention_pairs(chunk: int, context_before: int) -> float:
@@ -39,12 +41,13 @@ class DecodeRun:
 
 
 class Replica:
-    """Executor of one replica. Also the `ReplicaView` its local policy reads."""
+    """Executor of one replica; its local policy reads it through `self.view` (a read-only `ReplicaView`)."""
 
     def __init__(self, index: int, policy: LocalPolicy, predictor, loop: EventLoop, *, total_blocks: int,
                  block_size: int, token_budget: int, max_num_seqs: int, watermark_blocks: int,
                  swap_time_per_block_s: float, num_tiers: int,
-                 on_finish: Callable[[RequestState], None], skip_ahead: bool = True) -> None:
+                 on_finish: Callable[[RequestState], None], skip_ahead: bool = True,
+                 swap_blocks: int = 1 << 62) -> None:
         self.index = index
         self.policy = policy
         self.predictor = predictor
@@ -56,7 +59,16 @@ class Replica:
         self.max_num_seqs = max_num_seqs
         self.watermark_blocks = watermark_blocks
         self.swap_time_per_block_s = swap_time_per_block_s
+        self.total_swap_blocks = swap_blocks
+        self.free_swap_blocks = swap_blocks
+        self._host_blocks: dict[int, int] = {}    # request id -> host blocks its swapped-out KV occupies
         self.skip_ahead = skip_ahead
+        self.slowdown = 1.0                       # iteration-time factor (>1 while a migration copies out)
+        self.view = ReplicaView(self)
+        if policy.needs_oracle:
+            policy.bind_oracle(Oracle())
+        self._iteration_hook = type(policy).on_iteration_end is not LocalPolicy.on_iteration_end
+        self._plan_pending = False
         self.on_finish = on_finish
         self.running: list[RequestState] = []
         self.waiting: list[RequestState] = []
@@ -66,6 +78,7 @@ class Replica:
         self._busy = False
         self._version = 0
         self._batch: list[tuple[RequestState, int]] = []
+        self._batch_start_s = 0.0
         self._pause_requests: list[tuple[RequestState, Callable[[bool], None]]] = []
         self.paused: list[RequestState] = []      # held KV, not scheduled (final stage of a migration)
         self.reserved_blocks = 0                  # held for incoming migrations
@@ -74,6 +87,11 @@ class Replica:
         self.busy_s = 0.0
         self.kv_block_seconds = 0.0
         self.preemptions = 0
+        self.swap_outs = 0
+        self.swap_fallbacks = 0                   # swaps refused for lack of host space (recomputed instead)
+        self.swap_blocks_out = 0
+        self.swap_blocks_in = 0
+        self.swap_pcie_s = 0.0
         self.max_used_blocks = 0
 
     # ----- view -----
@@ -99,15 +117,30 @@ class Replica:
             self.waiting.insert(0, state)
         else:
             self.waiting.append(state)
-        self.policy.on_arrival(state, self)
+        self.policy.on_arrival(state, self.view)
         self.poke()
 
     def poke(self) -> None:
-        """Something changed that the policy must see: re-plan now if idle, else after the iteration in flight."""
+        """Something changed that the policy must see: re-plan at the end of this instant if idle (so
+        requests arriving together share the first iteration), else after the iteration in flight."""
         if not self._busy:
-            self._start_next()
+            if not self._plan_pending:
+                self._plan_pending = True
+                self.loop.at(self.loop.now, RANK_PLAN, self._plan_if_idle)
         elif self._run is not None:
             self._truncate_run(self.loop.now)
+
+    def _plan_if_idle(self) -> None:
+        self._plan_pending = False
+        if not self._busy:
+            self._start_next()
+
+    def set_slowdown(self, factor: float) -> None:
+        """Scale iteration times from the next iteration on (a live migration copying KV out of here)."""
+        if factor != self.slowdown:
+            if self._run is not None:
+                self._truncate_run(self.loop.now)
+            self.slowdown = factor
 
     def sync(self) -> None:
         """Bring per-request state up to now (iterations ended so far; blocks of the one in flight)."""
@@ -125,7 +158,9 @@ class Replica:
     # ----- planning -----
     def _start_next(self) -> None:
         now = self.loop.now
-        plan = self.policy.plan(self)
+        plan = self.policy.plan(self.view)
+        if plan.relegate:
+            self._apply_relegations(plan, now)
         swap_s = self._apply_preemptions(plan)
         scheduled = plan.scheduled
         if not scheduled:
@@ -155,13 +190,27 @@ class Replica:
             dt = self.predictor.iteration_time(prefill_tokens, pairs, decodes, ctx)
         else:
             dt = self.predictor.decode_base_time(decodes) + self.predictor.decode_context_coef_s * ctx
+        if self.slowdown != 1.0:
+            dt *= self.slowdown
         dt += swap_s
         self._batch = scheduled
+        self._batch_start_s = now
         self._account(dt)
         self._version += 1
         self.loop.at(now + dt, RANK_ITERATION_END, self._end_iteration, self._version)
 
+    def _apply_relegations(self, plan: BatchPlan, now: float) -> None:
+        for state, reason in plan.relegate:
+            if state.replica != self.index or state.status in (Status.FINISHED, Status.REJECTED):
+                raise PolicyError(f"{self.policy.name}: cannot relegate request {state.id} (status {state.status.name})")
+            if state.relegated_s < 0:
+                state.relegated_s = now
+                state.relegation_reason = reason
+                self.policy.on_relegate(state, self.view)
+
     def _apply_preemptions(self, plan: BatchPlan) -> float:
+        """Evict the plan's victims; returns the PCIe seconds of swaps out (and in, for swapped requests
+        the plan resumes), which the iteration is charged."""
         swap_s = 0.0
         for victim, mode in plan.preempt:
             if victim.status != Status.RUNNING or victim.replica != self.index:
@@ -170,9 +219,17 @@ class Replica:
             self.free_blocks += victim.num_blocks
             victim.num_preemptions += 1
             self.preemptions += 1
+            if mode == PreemptMode.SWAP and victim.num_blocks > self.free_swap_blocks:
+                mode = PreemptMode.RECOMPUTE          # host swap space full: vLLM v0 would fail; recompute
+                self.swap_fallbacks += 1
             if mode == PreemptMode.SWAP:
                 swap_s += victim.num_blocks * self.swap_time_per_block_s
+                self.swap_blocks_out += victim.num_blocks
+                self.free_swap_blocks -= victim.num_blocks
+                self._host_blocks[victim.id] = victim.num_blocks
                 victim.num_blocks = 0
+                victim.num_swaps += 1
+                self.swap_outs += 1
                 victim.status = Status.SWAPPED
                 self.swapped.append(victim)
             else:
@@ -180,10 +237,20 @@ class Replica:
                 victim.num_computed_tokens = 0        # KV dropped: prompt + generated are recomputed
                 victim.status = Status.WAITING
                 self.waiting.insert(0, victim)
+            self.policy.on_preempt(victim, mode, self.view)
         for r, _ in plan.scheduled:
             if r.status == Status.SWAPPED:
-                swap_s += self.policy.blocks_to_hold(r, 0, self.block_size) * self.swap_time_per_block_s
+                held = self._host_blocks.get(r.id)
+                if held is None:      # swapped elsewhere and moved here while queued: its KV crosses PCIe once
+                    held = self.policy.blocks_to_hold(r, 0, self.block_size)
+                swap_s += held * self.swap_time_per_block_s
+                self.swap_blocks_in += held
+        self.swap_pcie_s += swap_s
         return swap_s
+
+    def _release_host_blocks(self, state: RequestState) -> None:
+        held = self._host_blocks.pop(state.id, 0)
+        self.free_swap_blocks += held
 
     def _admit_all_decode(self, scheduled: list[tuple[RequestState, int]]) -> bool:
         for r, n in scheduled:
@@ -211,7 +278,11 @@ class Replica:
             if r.status != Status.RUNNING:
                 if r.replica != self.index:
                     raise PolicyError(f"{self.policy.name}: request {r.id} is not on replica {self.index}")
-                (self.swapped if r.status == Status.SWAPPED else self.waiting).remove(r)
+                if r.status == Status.SWAPPED:
+                    self.swapped.remove(r)
+                    self._release_host_blocks(r)
+                else:
+                    self.waiting.remove(r)
                 r.status = Status.RUNNING
                 self.running.append(r)
         if total > self.token_budget:
@@ -231,13 +302,23 @@ class Replica:
             return
         now = self.loop.now
         finished = []
+        dt = now - self._batch_start_s
         for r, n in self._batch:
-            r.num_computed_tokens += n
-            if r.num_computed_tokens == r.num_tokens:
+            c = r.num_computed_tokens + n
+            r.num_computed_tokens = c
+            r.service_tokens += n
+            r.service_s += dt
+            prompt = r.prompt_tokens
+            attained_prompt = r.attained_tokens - r.num_generated
+            if attained_prompt < prompt and c > attained_prompt:
+                r.attained_tokens += (c if c < prompt else prompt) - attained_prompt
+            if c == r.num_tokens:
                 self._emit_token(r, now)
-                if r.num_generated >= r.request.output_tokens:
+                if r.num_generated >= true_output_tokens(r):
                     finished.append(r)
-        self._batch = []
+        batch, self._batch = self._batch, []
+        if self._iteration_hook:
+            self.policy.on_iteration_end([r for r, _ in batch], 1, dt, self.view)
         for r in finished:
             self._finish(r, now)
         self._settle_pauses()
@@ -246,11 +327,12 @@ class Replica:
     def _emit_token(self, r: RequestState, now: float) -> None:
         r.num_generated += 1
         r.num_tokens += 1
+        r.attained_tokens += 1
         if r.first_token_s < 0:
             r.first_token_s = now
         else:
             gap = now - r.last_token_s
-            self.tbt[r.request.tier].add(gap)
+            self.tbt[r.tier].add(gap)
             if gap > r.tbt_max_s:
                 r.tbt_max_s = gap
         r.last_token_s = now
@@ -261,7 +343,7 @@ class Replica:
         r.num_blocks = 0
         r.status = Status.FINISHED
         r.finish_s = now
-        self.policy.on_finish(r, self)
+        self.policy.on_finish(r, self.view)
         self.on_finish(r)
 
     # ----- decode runs (skip-ahead) -----
@@ -276,22 +358,25 @@ class Replica:
         tiers: dict[int, int] = {}
         for r in batch:
             ctx0 += r.num_computed_tokens + 1
-            rem = r.request.output_tokens - r.num_generated
+            rem = true_output_tokens(r) - r.num_generated
             if rem < k:
                 k = rem
-            t = r.request.tier
+            t = r.tier
             tiers[t] = tiers.get(t, 0) + 1
             r.last_scheduled_s = now
         if k > 1:
             k = self._kv_bound(batch, k, bs)
         base = self.predictor.decode_base_time(b)
         coef = self.predictor.decode_context_coef_s
+        slow = self.slowdown
         ends = []
         t = now
         busy = 0.0
         revise = plan.revise_at_s
         for j in range(k):
-            dt = base + coef * (ctx0 + b * j)
+            dt = base + coef * (ctx0 + b * j)     # the same arithmetic as a single decode step
+            if slow != 1.0:
+                dt *= slow
             t = t + dt
             busy += dt
             ends.append(t)
@@ -352,13 +437,20 @@ class Replica:
         first_end = ends[m0]
         extra_tok = 1 if in_flight else 0
         free = self.free_blocks
+        span = last - (ends[m0 - 1] if m0 else run.start_s)
+        # As stepping would leave it: the start of the iteration in flight, else of the last one applied.
+        scheduled_s = last if in_flight else (ends[upto - 2] if upto >= 2 else run.start_s)
         for r in run.batch:
             c = r.num_computed_tokens + cnt
             r.num_computed_tokens = c
             r.num_tokens += cnt
             r.num_generated += cnt
+            r.attained_tokens += cnt
+            r.service_tokens += cnt
+            r.service_s += span
+            r.last_scheduled_s = scheduled_s
             gap = first_end - r.last_token_s
-            self.tbt[r.request.tier].add(gap)
+            self.tbt[r.tier].add(gap)
             if shared_max > gap:
                 gap = shared_max
             if gap > r.tbt_max_s:
@@ -375,7 +467,6 @@ class Replica:
         if used > self.max_used_blocks:
             self.max_used_blocks = used
         # Trapezoid over the applied iterations; exact for one iteration, as stepping charges it.
-        span = last - (ends[m0 - 1] if m0 else run.start_s)
         self.kv_block_seconds += 0.5 * (used_before + used) * span
         run.done = upto
 
@@ -386,8 +477,10 @@ class Replica:
         now = self.loop.now
         self._apply_run(run, len(run.ends), in_flight=False)
         self._run = None
+        if self._iteration_hook:
+            self.policy.on_iteration_end(run.batch, len(run.ends), now - run.start_s, self.view)
         for r in run.batch:
-            if r.num_generated >= r.request.output_tokens:
+            if r.num_generated >= true_output_tokens(r):
                 self._finish(r, now)
         self._settle_pauses()
         self._start_next()
@@ -450,6 +543,7 @@ class Replica:
         self.paused.remove(state)
         self.free_blocks += state.num_blocks
         state.num_blocks = 0
+        self.policy.on_migrate_out(state, self.view)
         self.poke()
 
     def resume_paused(self, state: RequestState) -> None:
@@ -485,12 +579,15 @@ class Replica:
         state.status = Status.RUNNING
         state.num_migrations += 1
         self.running.append(state)
+        self.policy.on_migrate_in(state, self.view)
         self.poke()
 
     def withdraw_waiting(self, state: RequestState) -> None:
         """Take a queued request (no KV, or swapped) off this replica so it can be enqueued elsewhere."""
         if state.status == Status.SWAPPED:
             self.swapped.remove(state)
+            self._release_host_blocks(state)
         else:
             self.waiting.remove(state)
         state.replica = -1
+        self.policy.on_migrate_out(state, self.view)

@@ -8,7 +8,7 @@ from typing import Sequence
 from tierserve.core import Request, RequestState, Status
 from tierserve.core.histogram import LogHistogram
 from tierserve.hardware.specs import get_model
-from tierserve.hardware.memory import kv_capacity_blocks, swap_time_s
+from tierserve.hardware.memory import kv_bytes_per_token, kv_capacity_blocks, swap_time_s
 from tierserve.policies.cluster import CLUSTER_POLICIES
 from tierserve.policies.local import LOCAL_POLICIES
 from tierserve.sim.cluster import Cluster
@@ -60,11 +60,14 @@ class RejectionRule:
 def build_replicas(cfg: ClusterConfig, loop: EventLoop, num_tiers: int, predictor=None) -> tuple[list[Replica], RejectionRule]:
     rc = cfg.replica
     if predictor is None:
-        from tierserve.hardware.exec_model import build_execution_model, load_execution_model
-        predictor = (load_execution_model(rc.exec_model_file, rc.model, rc.gpu, rc.tp) if rc.exec_model_file
-                     else build_execution_model(rc.model, rc.gpu, rc.tp))
+        from tierserve.hardware.exec_model import make_execution_model
+        predictor = make_execution_model(rc.model, rc.gpu, rc.tp, mode=rc.exec_mode,
+                                         iteration_overhead_ms=rc.iteration_overhead_ms,
+                                         exec_model_file=rc.exec_model_file)
     total_blocks = rc.num_blocks or kv_capacity_blocks(rc.model, rc.gpu, rc.tp, rc.gpu_memory_utilization, rc.block_size)
-    swap_per_block = swap_time_s(1, rc.model, rc.gpu, rc.tp, rc.block_size)
+    swap_per_block = swap_time_s(1, rc.model, rc.gpu, rc.tp, rc.block_size, rc.pcie_efficiency)
+    block_bytes = kv_bytes_per_token(rc.model, rc.tp) * rc.block_size        # per GPU: each holds its shard
+    swap_blocks = int(rc.swap_space_gib * 2**30 // block_bytes)
     replicas = []
     for i in range(cfg.num_replicas):
         policy = LOCAL_POLICIES.create(cfg.local_policy, **cfg.local_policy_params)
@@ -72,9 +75,9 @@ def build_replicas(cfg: ClusterConfig, loop: EventLoop, num_tiers: int, predicto
             i, policy, predictor, loop, total_blocks=total_blocks, block_size=rc.block_size,
             token_budget=rc.token_budget or policy.default_token_budget,
             max_num_seqs=rc.max_num_seqs or policy.default_max_num_seqs,
-            watermark_blocks=int(rc.watermark_fraction * total_blocks),
+            watermark_blocks=int(rc.watermark_fraction * total_blocks) if policy.uses_watermark else 0,
             swap_time_per_block_s=swap_per_block, num_tiers=num_tiers,
-            on_finish=lambda s: None, skip_ahead=cfg.skip_ahead))
+            on_finish=lambda s: None, skip_ahead=cfg.skip_ahead, swap_blocks=swap_blocks))
     policy0 = replicas[0].policy
     limits = [rc.max_model_len or get_model(rc.model).max_model_len]
     if policy0.max_request_tokens() is not None:
@@ -130,6 +133,12 @@ def simulate(cfg: ClusterConfig, requests: Sequence[Request], num_tiers: int = 1
         "events": loop.events_processed,
         "iterations": sum(r.iterations for r in replicas),
         "preemptions": sum(r.preemptions for r in replicas),
+        "swap_outs": sum(r.swap_outs for r in replicas),
+        "swap_fallbacks": sum(r.swap_fallbacks for r in replicas),
+        "swap_blocks_out": sum(r.swap_blocks_out for r in replicas),
+        "swap_blocks_in": sum(r.swap_blocks_in for r in replicas),
+        "swap_pcie_s": sum(r.swap_pcie_s for r in replicas),
+        "relegated": sum(1 for s in cluster.states if s.relegated_s >= 0),
         "kv_blocks_per_replica": replicas[0].total_blocks,
         "kv_utilization_mean": kv_util,
         "kv_utilization_max": max(r.max_used_blocks for r in replicas) / replicas[0].total_blocks,

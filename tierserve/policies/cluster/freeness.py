@@ -133,7 +133,7 @@ def queue_head(waiting: Sequence[RequestState]) -> RequestState | None:
     """Head of a llumlet queue: tier first, then arrival (seed 000)."""
     if not waiting:
         return None
-    return min(waiting, key=lambda s: (s.request.tier, s.request.arrival_s, s.request.id))
+    return min(waiting, key=lambda s: (s.tier, s.arrival_s, s.id))
 
 
 def measure(view, num_tiers: int | None = None) -> InstanceLoad:
@@ -146,7 +146,7 @@ def measure(view, num_tiers: int | None = None) -> InstanceLoad:
     counts: dict[int, int] = {}
     for group in (running, waiting, swapped):
         for s in group:
-            t = s.request.tier
+            t = s.tier
             counts[t] = counts.get(t, 0) + 1
     if num_tiers is not None:
         for t in counts:

@@ -69,11 +69,11 @@ class LlumnixPolicy(ClusterPolicy):
 
     def effective_tier(self, state: RequestState, now: float) -> int:
         """The tier used for ordering and headroom (the adaptive variant promotes long waits)."""
-        return state.request.tier
+        return state.tier
 
     # ----- helpers -----
     def check_tier(self, state: RequestState) -> int:
-        t = state.request.tier
+        t = state.tier
         if not 0 <= t < self.num_tiers:
             raise ConfigError("request.tier", t, f"an integer in 0..{self.num_tiers - 1} (K = {self.num_tiers})")
         return t
@@ -87,7 +87,7 @@ class LlumnixPolicy(ClusterPolicy):
 
     # ----- dispatch -----
     def dispatch_order(self, queued: list[RequestState], now: float) -> list[RequestState]:
-        return sorted(queued, key=lambda s: (self.effective_tier(s, now), s.request.arrival_s, s.request.id))
+        return sorted(queued, key=lambda s: (self.effective_tier(s, now), s.arrival_s, s.id))
 
     def dispatch(self, state: RequestState, instances: Sequence[InstanceView], now: float) -> int | None:
         self.check_tier(state)
@@ -115,7 +115,7 @@ class LlumnixPolicy(ClusterPolicy):
         for src, dst in pair_instances(loads, lambda ld: free[ld.index], self.migrate_threshold):
             view = instances[src.index]
             cand = pick_candidate(view.running, view.waiting, self.request_policy, self.protected_tiers,
-                                  waiting_key=lambda s: (self.effective_tier(s, now), s.request.arrival_s, s.request.id))
+                                  waiting_key=lambda s: (self.effective_tier(s, now), s.arrival_s, s.id))
             if cand is None:
                 continue
             if self.accept(src, dst, cand, free[src.index], free[dst.index]):
@@ -127,7 +127,7 @@ class LlumnixPolicy(ClusterPolicy):
         run_b, hol_b = move_cost_blocks(cand, src.block_size)
         queued = cand.status == Status.WAITING
         budgets = self.headroom.budgets(dst.total_blocks)
-        t = cand.request.tier
+        t = cand.tier
         extra = budgets[t] if t not in dst.tier_counts else 0.0
         dst_after = freeness(dst.total_blocks, dst.used_blocks + run_b,
                              dst.hol_blocks + (hol_b if queued and not dst.num_waiting else 0),

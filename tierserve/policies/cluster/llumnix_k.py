@@ -88,14 +88,14 @@ class LlumnixKAdaptive(LlumnixK):
         return self.headroom.scales
 
     def effective_tier(self, state: RequestState, now: float) -> int:
-        t = state.request.tier
+        t = state.tier
         if t <= self.promote_floor or state.first_token_s >= 0:
             return t
-        return max(self.promote_floor, t - int((now - state.request.arrival_s) / self.promote_after_s))
+        return max(self.promote_floor, t - int((now - state.arrival_s) / self.promote_after_s))
 
     def dispatch(self, state: RequestState, instances: Sequence[InstanceView], now: float) -> int | None:
         target = super().dispatch(state, instances, now)
-        if target is not None and state.request.slo.ttft_s is not None:
+        if target is not None and state.slo.ttft_s is not None:
             self._pending.append(state)
         return target
 
@@ -111,13 +111,13 @@ class LlumnixKAdaptive(LlumnixK):
         seen, missed = [0] * k, [0] * k
         keep = []
         for s in self._pending:
-            target = s.request.slo.ttft_s
-            t = s.request.tier
-            self.miss_goal[t] = 1.0 - s.request.slo.attainment
+            target = s.slo.ttft_s
+            t = s.tier
+            self.miss_goal[t] = 1.0 - s.slo.attainment
             if s.first_token_s >= 0:
                 seen[t] += 1
-                missed[t] += s.first_token_s - s.request.arrival_s > target
-            elif now - s.request.arrival_s > target:
+                missed[t] += s.first_token_s - s.arrival_s > target
+            elif now - s.arrival_s > target:
                 seen[t] += 1
                 missed[t] += 1
             else:

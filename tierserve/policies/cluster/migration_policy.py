@@ -25,13 +25,12 @@ def check_request_policy(name: str) -> str:
 
 def _movable_running(running: Sequence[RequestState], protected_tiers: int) -> list[RequestState]:
     """Decoding requests that may move (Llumnix only migrates requests past prefill)."""
-    return [s for s in running if s.status == Status.RUNNING and s.request.tier >= protected_tiers
-            and s.num_generated > 0 and s.num_tokens - s.num_computed_tokens == 1
-            and s.num_generated < s.request.output_tokens - 1]
+    return [s for s in running if s.status == Status.RUNNING and s.tier >= protected_tiers
+            and s.num_generated > 0 and s.num_tokens - s.num_computed_tokens == 1]
 
 
 def _movable_waiting(waiting: Sequence[RequestState], protected_tiers: int) -> list[RequestState]:
-    return [s for s in waiting if s.status == Status.WAITING and s.request.tier >= protected_tiers
+    return [s for s in waiting if s.status == Status.WAITING and s.tier >= protected_tiers
             and s.num_blocks == 0]
 
 
@@ -39,7 +38,7 @@ def pick_candidate(running: Sequence[RequestState], waiting: Sequence[RequestSta
                    protected_tiers: int = 1,
                    waiting_key: Callable[[RequestState], tuple] | None = None) -> RequestState | None:
     """The request to migrate out of an instance, or None. Never a tier < `protected_tiers`."""
-    key = waiting_key or (lambda s: (s.request.tier, s.request.arrival_s, s.request.id))
+    key = waiting_key or (lambda s: (s.tier, s.arrival_s, s.id))
     if policy in ("tiered", "FCW"):
         queued = _movable_waiting(waiting, protected_tiers)
         if queued:
@@ -50,11 +49,11 @@ def pick_candidate(running: Sequence[RequestState], waiting: Sequence[RequestSta
     if not movable:
         return None
     if policy == "tiered":                       # lowest tier first, then least KV to copy
-        return min(movable, key=lambda s: (-s.request.tier, s.num_blocks, -s.request.arrival_s))
+        return min(movable, key=lambda s: (-s.tier, s.num_blocks, -s.arrival_s))
     if policy == "SR":
-        return min(movable, key=lambda s: (s.num_tokens, s.request.id))
+        return min(movable, key=lambda s: (s.num_tokens, s.id))
     if policy == "LR":
-        return max(movable, key=lambda s: (s.num_tokens, -s.request.id))
+        return max(movable, key=lambda s: (s.num_tokens, -s.id))
     return movable[-1]                           # LCR: the last running
 
 

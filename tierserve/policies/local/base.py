@@ -1,34 +1,15 @@
-"""The replica-level policy interface: a read-only view in, the next batch out."""
+"""The replica-level policy interface: a read-only view in, the next batch out (see `view.py`)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Protocol
+from typing import Sequence
 
-from tierserve.core import BatchPlan, RequestState
-
-
-class IterationPredictor(Protocol):
-    """What a policy may ask the execution-time model (seconds)."""
-
-    def iteration_time(self, prefill_tokens: int, prefill_attn_pairs: float, decode_count: int,
-                       decode_context_sum: int) -> float: ...
+from tierserve.core import AllocationRule, BatchPlan, PreemptMode, RequestState
+from tierserve.policies.local.view import IterationPredictor, Oracle, ReplicaView
 
 
-class ReplicaView(Protocol):
-    """What a local policy sees of its replica. Lists are the executor's own: read them, never mutate."""
-
-    index: int
-    now: float
-    running: list[RequestState]    # hold KV blocks, in admission order
-    waiting: list[RequestState]    # queued; preempted-by-recompute requests re-enter at the front
-    swapped: list[RequestState]    # preempted by swap, KV in host memory
-    free_blocks: int
-    total_blocks: int
-    block_size: int
-    watermark_blocks: int
-    token_budget: int
-    max_num_seqs: int
-    predictor: IterationPredictor
+def blocks_for(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
 
 
 class LocalPolicy(ABC):
@@ -36,21 +17,46 @@ class LocalPolicy(ABC):
 
     Subclasses implement `plan`. The executor validates every plan (KV blocks, token budget, batch size)
     and raises `PolicyError` on a plan that would corrupt memory, so a policy cannot.
+
+    Declarations an engine adapter checks before it accepts a policy:
+      `allocation` — how many KV blocks a running request holds (`AllocationRule`);
+      `preempt_modes` — the preemption modes the policy may ask for;
+      `uses_watermark` — whether admission keeps `watermark_blocks` free (vLLM v0/Sarathi; v1 does not);
+      `needs_oracle` — the policy is an oracle baseline and must be given the true output length.
     """
 
     name: str = "base"
     default_token_budget: int = 2048
     default_max_num_seqs: int = 256
+    allocation: AllocationRule = AllocationRule.PER_CHUNK
+    preempt_modes: tuple[PreemptMode, ...] = (PreemptMode.RECOMPUTE,)
+    uses_watermark: bool = True
+    needs_oracle: bool = False
+    max_model_len: int = 0          # MAX_LENGTH allocation reserves this many tokens per request
 
     @abstractmethod
     def plan(self, view: ReplicaView) -> BatchPlan:
         """Return the next iteration's batch (may be empty when nothing can run)."""
 
-    def blocks_to_hold(self, state: RequestState, num_tokens: int, block_size: int) -> int:
-        """Blocks `state` must hold to run `num_tokens` more tokens. Default: exactly its KV (vLLM v1)."""
-        return -(-(state.num_computed_tokens + num_tokens) // block_size)
+    def bind_oracle(self, oracle: Oracle) -> None:
+        """Receive the true-length oracle; only drivers call this, and only when `needs_oracle`."""
+        if not self.needs_oracle:
+            raise TypeError(f"policy {self.name!r} does not declare needs_oracle")
+        self.oracle = oracle
 
-    def order_waiting(self, waiting: list[RequestState]) -> list[RequestState]:
+    def blocks_to_hold(self, state: RequestState, num_tokens: int, block_size: int) -> int:
+        """Blocks `state` must hold to run `num_tokens` more tokens, by the policy's allocation rule."""
+        tokens = state.num_computed_tokens + num_tokens
+        rule = self.allocation
+        if rule == AllocationRule.WHOLE_PROMPT:
+            if state.num_tokens > tokens:
+                tokens = state.num_tokens
+        elif rule == AllocationRule.MAX_LENGTH:
+            if self.max_model_len > tokens:
+                tokens = self.max_model_len
+        return -(-tokens // block_size)
+
+    def order_waiting(self, waiting: Sequence[RequestState]) -> Sequence[RequestState]:
         """The order in which waiting requests are considered; FCFS by default."""
         return waiting
 
@@ -62,19 +68,34 @@ class LocalPolicy(ABC):
         """Largest prompt it can ever schedule; policies without chunked prefill need it in one batch."""
         return None
 
-    # Hooks; no-ops by default.
-    def on_arrival(self, state: RequestState, view: ReplicaView) -> None:
-        pass
-
-    def on_finish(self, state: RequestState, view: ReplicaView) -> None:
-        pass
-
-    def preempt_mode(self, state: RequestState):
-        from tierserve.core import PreemptMode
+    def preempt_mode(self, state: RequestState) -> PreemptMode:
         return PreemptMode.RECOMPUTE
 
+    # Hooks; no-ops by default. `view` is the replica's `ReplicaView`.
+    def on_arrival(self, state: RequestState, view: ReplicaView) -> None:
+        """A request joined this replica's queue (dispatch, or a queued request moved here)."""
 
-def evict_from_tail(running: list[RequestState], i: int, end: int, need: int, free: int,
+    def on_iteration_end(self, batch: Sequence[RequestState], num_iterations: int, elapsed_s: float,
+                         view: ReplicaView) -> None:
+        """`num_iterations` iterations of `batch` ended (k > 1 for a decode run), taking `elapsed_s`."""
+
+    def on_preempt(self, state: RequestState, mode: PreemptMode, view: ReplicaView) -> None:
+        """`state` was evicted (`mode` is what the executor did: a swap may fall back to recompute)."""
+
+    def on_relegate(self, state: RequestState, view: ReplicaView) -> None:
+        """`state` was relegated (its reason and time are on the state)."""
+
+    def on_migrate_out(self, state: RequestState, view: ReplicaView) -> None:
+        """`state` left this replica for another (live migration or a queued move)."""
+
+    def on_migrate_in(self, state: RequestState, view: ReplicaView) -> None:
+        """`state` arrived by live migration, KV already copied (queued moves arrive via `on_arrival`)."""
+
+    def on_finish(self, state: RequestState, view: ReplicaView) -> None:
+        """`state` produced its last token here."""
+
+
+def evict_from_tail(running: Sequence[RequestState], i: int, end: int, need: int, free: int,
                     preempt: list, mode) -> tuple[int, int]:
     """Preempt running[end-1], running[end-2], … until `need` blocks fit in `free` or running[i] itself goes.
 
@@ -93,3 +114,7 @@ def evict_from_tail(running: list[RequestState], i: int, end: int, need: int, fr
 
 class PolicyError(RuntimeError):
     """A policy returned a plan the executor refuses (it would break a memory or batch invariant)."""
+
+
+__all__ = ["IterationPredictor", "LocalPolicy", "Oracle", "PolicyError", "ReplicaView", "blocks_for",
+           "evict_from_tail"]

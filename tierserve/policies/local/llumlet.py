@@ -11,10 +11,10 @@ import math
 
 from tierserve.core import BatchPlan, ConfigError, RequestState
 from tierserve.policies.local.base import ReplicaView
-from tierserve.policies.local.vllm import VLLMPriorityPolicy, priority_key
+from tierserve.policies.local.vllm import VLLMPrioritySortedPolicy, priority_key
 
 
-class LlumletPolicy(VLLMPriorityPolicy):
+class LlumletPolicy(VLLMPrioritySortedPolicy):
     name = "llumlet"
 
     def __init__(self, promote_after_s: float | None = None, promote_floor: int = 1, **kwargs) -> None:
@@ -28,13 +28,13 @@ class LlumletPolicy(VLLMPriorityPolicy):
         self._now = 0.0
 
     def effective_tier(self, state: RequestState) -> int:
-        t = state.request.tier
+        t = state.tier
         if self.promote_after_s is None or t <= self.promote_floor or state.first_token_s >= 0:
             return t
-        return max(self.promote_floor, t - int((self._now - state.request.arrival_s) / self.promote_after_s))
+        return max(self.promote_floor, t - int((self._now - state.arrival_s) / self.promote_after_s))
 
     def _key(self, state: RequestState) -> tuple[int, float, int]:
-        return (self.effective_tier(state), state.request.arrival_s, state.request.id)
+        return (self.effective_tier(state), state.arrival_s, state.id)
 
     def running_order(self, running: list[RequestState]) -> list[RequestState]:
         return sorted(running, key=self._key if self.promote_after_s else priority_key)
@@ -55,6 +55,6 @@ class LlumletPolicy(VLLMPriorityPolicy):
         nxt = math.inf
         for s in view.waiting + view.running:     # running requests still in prefill are ordered too
             if self.effective_tier(s) > self.promote_floor and s.first_token_s < 0:
-                waited = view.now - s.request.arrival_s
-                nxt = min(nxt, s.request.arrival_s + (math.floor(waited / step) + 1) * step)
+                waited = view.now - s.arrival_s
+                nxt = min(nxt, s.arrival_s + (math.floor(waited / step) + 1) * step)
         return nxt

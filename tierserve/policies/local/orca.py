@@ -2,7 +2,7 @@
 `max_model_len` tokens of KV up front, so it never needs preemption (and admits few requests)."""
 from __future__ import annotations
 
-from tierserve.core import BatchPlan, RequestState
+from tierserve.core import AllocationRule, BatchPlan, RequestState
 from tierserve.policies.local.base import LocalPolicy, ReplicaView
 from tierserve.policies.local.vllm_v0 import arrival_key
 
@@ -11,12 +11,10 @@ class OrcaPolicy(LocalPolicy):
     name = "orca"
     default_token_budget = 1 << 20      # Orca batches whole prompts; only the batch cap bounds it
     default_max_num_seqs = 128
+    allocation = AllocationRule.MAX_LENGTH      # max_model_len reserved at admission: no preemption ever
 
     def __init__(self, max_model_len: int = 4096) -> None:
         self.max_model_len = max_model_len
-
-    def blocks_to_hold(self, state: RequestState, num_tokens: int, block_size: int) -> int:
-        return -(-max(state.num_computed_tokens + num_tokens, self.max_model_len) // block_size)
 
     def max_request_tokens(self) -> int | None:
         return self.max_model_len

@@ -3,7 +3,7 @@ all within one token budget (the chunk size, default 512). Admission reserves th
 blocks plus a 1% watermark; preemption restarts the youngest running request (recompute)."""
 from __future__ import annotations
 
-from tierserve.core import BatchPlan, PreemptMode, RequestState
+from tierserve.core import AllocationRule, BatchPlan, PreemptMode, RequestState
 from tierserve.policies.local.base import LocalPolicy, ReplicaView, evict_from_tail
 from tierserve.policies.local.vllm_v0 import arrival_key
 
@@ -13,9 +13,7 @@ class SarathiPolicy(LocalPolicy):
     default_token_budget = 512
     default_max_num_seqs = 128
 
-    def blocks_to_hold(self, state: RequestState, num_tokens: int, block_size: int) -> int:
-        # Whole prompt (or recompute prefix) allocated at admission, as Sarathi does.
-        return -(-max(state.num_computed_tokens + num_tokens, state.num_tokens) // block_size)
+    allocation = AllocationRule.WHOLE_PROMPT    # the whole prompt (or recompute prefix) at admission
 
     def prefill_order(self, partial: list[RequestState]) -> list[RequestState]:
         """Order of partial prefills (Sarathi-FCFS: arrival); Sarathi-EDF/SRPF override this."""
@@ -62,19 +60,20 @@ class SarathiPolicy(LocalPolicy):
             scheduled.append((r, n))      # blocks were reserved for the whole prompt at admission
             budget -= n
             decode_only = False
-        if not plan.preempt:
-            num_seqs = len(view.running)
-            for w in self.order_waiting(view.waiting):
-                if num_seqs >= cap or len(scheduled) >= cap or budget <= 0:
-                    break
-                n = min(w.num_tokens - w.num_computed_tokens, budget)
-                need = self.blocks_to_hold(w, n, bs) - w.num_blocks
-                if need > free - view.watermark_blocks:
-                    break
-                scheduled.append((w, n))
-                free -= need
-                budget -= n
-                num_seqs += 1
-                decode_only = False
+        # New prefills are admitted in the same step even after a preemption (Sarathi-Serve has no gate);
+        # the victims themselves wait: they re-enter the queue once this batch is built.
+        num_seqs = len(view.running) - len(plan.preempt)
+        for w in self.order_waiting(view.waiting):
+            if num_seqs >= cap or len(scheduled) >= cap or budget <= 0:
+                break
+            n = min(w.num_tokens - w.num_computed_tokens, budget)
+            need = self.blocks_to_hold(w, n, bs) - w.num_blocks
+            if need > free - view.watermark_blocks:
+                break
+            scheduled.append((w, n))
+            free -= need
+            budget -= n
+            num_seqs += 1
+            decode_only = False
         plan.repeatable = decode_only and not plan.preempt
         return plan

@@ -1,12 +1,25 @@
 """vLLM v1's scheduler: one token-budget loop over running then waiting requests (chunked prefill).
 
-`vllm` is FCFS with recompute preemption of the last running request; `vllm_priority` orders by
-(priority, arrival) and evicts the worst (vLLM's `--scheduling-policy priority`, priority = tier).
+`vllm` is FCFS: running requests are served in admission order and the tail is preempted (recompute).
+`vllm_priority` is v1's `--scheduling-policy priority` with priority = tier: the waiting queue is ordered
+by (priority, arrival) and the victim is the worst (priority, arrival) running request — scheduled or not —
+while running requests keep admission order (vLLM v1 `Scheduler.schedule`). `vllm_priority_sorted` also
+serves running requests in priority order (a tierserve variant, not vLLM's behaviour).
 """
 from __future__ import annotations
 
-from tierserve.core import BatchPlan, PreemptMode, RequestState
-from tierserve.policies.local.base import LocalPolicy, ReplicaView, evict_from_tail
+from typing import Sequence
+
+from tierserve.core import BatchPlan, ConfigError, PreemptMode, RequestState
+from tierserve.policies.local.base import LocalPolicy, ReplicaView
+
+PREEMPT_MODES = {"recompute": PreemptMode.RECOMPUTE, "swap": PreemptMode.SWAP}
+
+
+def parse_preempt_mode(value: str) -> PreemptMode:
+    if value not in PREEMPT_MODES:
+        raise ConfigError("preempt_mode", value, " | ".join(PREEMPT_MODES))
+    return PREEMPT_MODES[value]
 
 
 def is_decode_step(state: RequestState, num_tokens: int) -> bool:
@@ -20,17 +33,25 @@ class VLLMPolicy(LocalPolicy):
     name = "vllm"
     default_token_budget = 2048
     default_max_num_seqs = 256
+    preempt_modes = (PreemptMode.RECOMPUTE, PreemptMode.SWAP)
+    uses_watermark = False           # v1's KV manager admits while blocks are free
 
     def __init__(self, preempt_mode: str = "recompute", long_prefill_threshold: int = 0) -> None:
-        self._mode = PreemptMode.SWAP if preempt_mode == "swap" else PreemptMode.RECOMPUTE
+        self._mode = parse_preempt_mode(preempt_mode)
+        if not (isinstance(long_prefill_threshold, int) and long_prefill_threshold >= 0):
+            raise ConfigError("long_prefill_threshold", long_prefill_threshold, "an integer >= 0 (0 = no cap)")
         self.long_prefill_threshold = long_prefill_threshold
 
     def preempt_mode(self, state: RequestState) -> PreemptMode:
         return self._mode
 
-    def running_order(self, running: list[RequestState]) -> list[RequestState]:
-        """Order of service; the tail is preempted first."""
+    def running_order(self, running: Sequence[RequestState]) -> Sequence[RequestState]:
+        """Order of service among running requests (v1: admission order)."""
         return running
+
+    def victim_index(self, running: list[RequestState], i: int) -> int:
+        """Which running request to preempt when running[i] lacks blocks (FCFS: the tail)."""
+        return len(running) - 1
 
     def plan(self, view: ReplicaView) -> BatchPlan:
         bs = view.block_size
@@ -39,11 +60,11 @@ class VLLMPolicy(LocalPolicy):
         cap = self.long_prefill_threshold
         plan = BatchPlan()
         scheduled, preempt = plan.scheduled, plan.preempt
-        running = self.running_order(view.running)
-        end = len(running)
+        running = list(self.running_order(view.running))
+        granted: dict[int, tuple[int, int]] = {}     # id(state) -> (tokens, new blocks) in this plan
         all_decode = True
         i = 0
-        while i < end and budget > 0 and len(scheduled) < view.max_num_seqs:
+        while i < len(running) and budget > 0 and len(scheduled) < view.max_num_seqs:
             r = running[i]
             n = r.num_tokens - r.num_computed_tokens
             if cap and n > cap:
@@ -51,19 +72,34 @@ class VLLMPolicy(LocalPolicy):
             if n > budget:
                 n = budget
             need = self.blocks_to_hold(r, n, bs) - r.num_blocks
-            if need > free:
-                end, free = evict_from_tail(running, i, end, need, free, preempt, self._mode)
-            if end <= i:
+            evicted_self = False
+            while need > free:
+                j = self.victim_index(running, i)
+                victim = running.pop(j)
+                preempt.append((victim, self._mode))
+                free += victim.num_blocks
+                g = granted.pop(id(victim), None)
+                if g is not None:              # v1 may pick an already scheduled request: undo its grant
+                    budget += g[0]
+                    free += g[1]
+                    del scheduled[next(k for k, (s, _) in enumerate(scheduled) if s is victim)]
+                if victim is r:
+                    evicted_self = True
+                    break
+                if j < i:
+                    i -= 1
+            if evicted_self:
                 break
+            if need < 0:
+                need = 0
             scheduled.append((r, n))
-            if need > 0:
-                free -= need
+            granted[id(r)] = (n, need)
+            free -= need
             budget -= n
-            if all_decode and not is_decode_step(r, n):
-                all_decode = False
             i += 1
-        if not preempt:
-            num_seqs = end
+        all_decode = all(is_decode_step(r, n) for r, n in scheduled)
+        if not preempt:                     # v1 admits nothing in a step that preempted
+            num_seqs = len(running)
             for w in self.resumable(view):
                 if num_seqs >= view.max_num_seqs or budget <= 0:
                     break
@@ -86,13 +122,11 @@ class VLLMPolicy(LocalPolicy):
 
     def resumable(self, view: ReplicaView) -> list[RequestState]:
         """Swapped requests first (they already hold progress), then waiting in policy order."""
-        if view.swapped:
-            return list(view.swapped) + self.order_waiting(view.waiting)
-        return self.order_waiting(view.waiting)
+        return list(view.swapped) + list(self.order_waiting(view.waiting))
 
 
 def priority_key(state: RequestState) -> tuple[int, float, int]:
-    return (state.request.tier, state.request.arrival_s, state.request.id)
+    return (state.tier, state.arrival_s, state.id)
 
 
 class VLLMPriorityPolicy(VLLMPolicy):
@@ -100,8 +134,25 @@ class VLLMPriorityPolicy(VLLMPolicy):
 
     name = "vllm_priority"
 
-    def running_order(self, running: list[RequestState]) -> list[RequestState]:
+    def victim_index(self, running: list[RequestState], i: int) -> int:
+        worst = 0
+        for k in range(1, len(running)):
+            if priority_key(running[k]) > priority_key(running[worst]):
+                worst = k
+        return worst
+
+    def order_waiting(self, waiting: Sequence[RequestState]) -> list[RequestState]:
+        return sorted(waiting, key=priority_key)
+
+
+class VLLMPrioritySortedPolicy(VLLMPriorityPolicy):
+    """`vllm_priority` that also serves running requests in (tier, arrival) order and evicts the tail of
+    that order (tierserve's earlier reading of priority scheduling; kept for comparison)."""
+
+    name = "vllm_priority_sorted"
+
+    def running_order(self, running: Sequence[RequestState]) -> list[RequestState]:
         return sorted(running, key=priority_key)
 
-    def order_waiting(self, waiting: list[RequestState]) -> list[RequestState]:
-        return sorted(waiting, key=priority_key)
+    def victim_index(self, running: list[RequestState], i: int) -> int:
+        return len(running) - 1

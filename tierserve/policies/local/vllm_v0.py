@@ -5,18 +5,19 @@ len(batch)·max(prompt) ≤ token budget (Vidur's padded `max_tokens_in_batch`) 
 """
 from __future__ import annotations
 
-from tierserve.core import BatchPlan, PreemptMode, RequestState
+from tierserve.core import AllocationRule, BatchPlan, PreemptMode, RequestState
 from tierserve.policies.local.base import LocalPolicy, ReplicaView, evict_from_tail
 
 
 def arrival_key(state: RequestState) -> tuple[float, int]:
-    return (state.request.arrival_s, state.request.id)
+    return (state.arrival_s, state.id)
 
 
 class VLLMv0Policy(LocalPolicy):
     name = "vllm_v0"
     default_token_budget = 4096
     default_max_num_seqs = 128
+    allocation = AllocationRule.WHOLE_PROMPT    # no chunking: the prompt's blocks at admission
 
     def max_prompt_tokens(self, token_budget: int) -> int | None:
         return token_budget   # no chunking: a whole prompt must fit one batch
