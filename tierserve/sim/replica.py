@@ -309,12 +309,13 @@ class Replica:
             r.service_tokens += n
             r.service_s += dt
             prompt = r.prompt_tokens
-            attained_prompt = r.attained_tokens - r.num_generated
-            if attained_prompt < prompt and c > attained_prompt:
-                r.attained_tokens += (c if c < prompt else prompt) - attained_prompt
+            if c - n < prompt:                   # the chunk covered prompt tokens: some may be new progress
+                attained_prompt = r.attained_tokens - r.num_generated
+                if c > attained_prompt:
+                    r.attained_tokens += (c if c < prompt else prompt) - attained_prompt
             if c == r.num_tokens:
                 self._emit_token(r, now)
-                if r.num_generated >= true_output_tokens(r):
+                if r.num_generated >= r._request.output_tokens:     # the executor owns the truth
                     finished.append(r)
         batch, self._batch = self._batch, []
         if self._iteration_hook:

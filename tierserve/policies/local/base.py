@@ -44,17 +44,15 @@ class LocalPolicy(ABC):
             raise TypeError(f"policy {self.name!r} does not declare needs_oracle")
         self.oracle = oracle
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        # The allocation rule picks the block count (hot path: bound once per class, not branched per call).
+        if "blocks_to_hold" not in cls.__dict__:
+            cls.blocks_to_hold = _HOLD_BY_RULE[cls.allocation]
+
     def blocks_to_hold(self, state: RequestState, num_tokens: int, block_size: int) -> int:
         """Blocks `state` must hold to run `num_tokens` more tokens, by the policy's allocation rule."""
-        tokens = state.num_computed_tokens + num_tokens
-        rule = self.allocation
-        if rule == AllocationRule.WHOLE_PROMPT:
-            if state.num_tokens > tokens:
-                tokens = state.num_tokens
-        elif rule == AllocationRule.MAX_LENGTH:
-            if self.max_model_len > tokens:
-                tokens = self.max_model_len
-        return -(-tokens // block_size)
+        return _HOLD_BY_RULE[self.allocation](self, state, num_tokens, block_size)
 
     def order_waiting(self, waiting: Sequence[RequestState]) -> Sequence[RequestState]:
         """The order in which waiting requests are considered; FCFS by default."""
@@ -93,6 +91,24 @@ class LocalPolicy(ABC):
 
     def on_finish(self, state: RequestState, view: ReplicaView) -> None:
         """`state` produced its last token here."""
+
+
+def _hold_per_chunk(policy: LocalPolicy, state: RequestState, num_tokens: int, block_size: int) -> int:
+    return -(-(state.num_computed_tokens + num_tokens) // block_size)
+
+
+def _hold_whole_prompt(policy: LocalPolicy, state: RequestState, num_tokens: int, block_size: int) -> int:
+    tokens = state.num_computed_tokens + num_tokens
+    return -(-(tokens if tokens > state.num_tokens else state.num_tokens) // block_size)
+
+
+def _hold_max_length(policy: LocalPolicy, state: RequestState, num_tokens: int, block_size: int) -> int:
+    tokens = state.num_computed_tokens + num_tokens
+    return -(-(tokens if tokens > policy.max_model_len else policy.max_model_len) // block_size)
+
+
+_HOLD_BY_RULE = {AllocationRule.PER_CHUNK: _hold_per_chunk, AllocationRule.WHOLE_PROMPT: _hold_whole_prompt,
+                 AllocationRule.MAX_LENGTH: _hold_max_length}
 
 
 def evict_from_tail(running: Sequence[RequestState], i: int, end: int, need: int, free: int,

@@ -61,10 +61,10 @@ class VLLMPolicy(LocalPolicy):
         plan = BatchPlan()
         scheduled, preempt = plan.scheduled, plan.preempt
         running = list(self.running_order(view.running))
-        granted: dict[int, tuple[int, int]] = {}     # id(state) -> (tokens, new blocks) in this plan
+        max_seqs = view.max_num_seqs
         all_decode = True
         i = 0
-        while i < len(running) and budget > 0 and len(scheduled) < view.max_num_seqs:
+        while i < len(running) and budget > 0 and len(scheduled) < max_seqs:
             r = running[i]
             n = r.num_tokens - r.num_computed_tokens
             if cap and n > cap:
@@ -78,11 +78,11 @@ class VLLMPolicy(LocalPolicy):
                 victim = running.pop(j)
                 preempt.append((victim, self._mode))
                 free += victim.num_blocks
-                g = granted.pop(id(victim), None)
-                if g is not None:              # v1 may pick an already scheduled request: undo its grant
-                    budget += g[0]
-                    free += g[1]
-                    del scheduled[next(k for k, (s, _) in enumerate(scheduled) if s is victim)]
+                if j < i:                      # v1 may pick an already scheduled request: undo its grant
+                    k = next(k for k, (s, _) in enumerate(scheduled) if s is victim)
+                    granted = scheduled.pop(k)[1]
+                    budget += granted
+                    free += max(self.blocks_to_hold(victim, granted, bs) - victim.num_blocks, 0)
                 if victim is r:
                     evicted_self = True
                     break
@@ -93,15 +93,17 @@ class VLLMPolicy(LocalPolicy):
             if need < 0:
                 need = 0
             scheduled.append((r, n))
-            granted[id(r)] = (n, need)
             free -= need
             budget -= n
+            if all_decode and not (n == 1 and r.num_generated > 0 and r.num_tokens - r.num_computed_tokens == 1):
+                all_decode = False
             i += 1
-        all_decode = all(is_decode_step(r, n) for r, n in scheduled)
+        if all_decode and preempt:           # an undone grant may have been the only non-decode
+            all_decode = all(is_decode_step(r, n) for r, n in scheduled)
         if not preempt:                     # v1 admits nothing in a step that preempted
             num_seqs = len(running)
             for w in self.resumable(view):
-                if num_seqs >= view.max_num_seqs or budget <= 0:
+                if num_seqs >= max_seqs or budget <= 0:
                     break
                 n = w.num_tokens - w.num_computed_tokens
                 if cap and n > cap:
