@@ -7,11 +7,11 @@ import timeit
 
 import numpy as np
 
-from tierserve.hardware.exec_model import build_execution_model, prefill_attention_pairs
+from tierserve.hardware.exec_model import make_execution_model, prefill_attention_pairs
 
 
 def main() -> None:
-    m = build_execution_model("llama-3-8b", "a100", 1)
+    m = make_execution_model("llama-3-8b", "a100", 1)
     rng = random.Random(0)
     shapes = []
     for _ in range(1000):

@@ -2,7 +2,8 @@
 """Compare tierserve's calibrated execution-time model with Vidur's own predictions (Llama-3-8B, A100, TP1).
 
 Like for like: Vidur's predicted_ms covers all layers and excludes the LM head, sampling and CPU overheads,
-so the model is built with include_lm_head=False and overhead_s=0. Also prints held-out fit errors.
+and uses its profiled KV-cache write, so the model is built in the `vidur_parity` mode (no LM head, no
+overhead, Vidur's KV write). Also prints held-out fit errors.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 from tierserve.core.paths import shared_data
 from tierserve.hardware.calibration import format_fit_summary
 from tierserve.hardware.coefficients import load_store
-from tierserve.hardware.exec_model import build_execution_model, prefill_attention_pairs
+from tierserve.hardware.exec_model import make_execution_model, prefill_attention_pairs
 
 TARGET_MAPE_PCT = 5.0
 EXPLAIN_ABOVE_PCT = 15.0
@@ -23,7 +24,7 @@ def compare() -> list[dict]:
     path = shared_data("vidur", "vidur_predictions_llama3_8b_a100.csv")
     if path is None:
         raise FileNotFoundError("shared/data/vidur/vidur_predictions_llama3_8b_a100.csv not found")
-    model = build_execution_model("meta-llama/Meta-Llama-3-8B", "a100", 1)
+    model = make_execution_model("meta-llama/Meta-Llama-3-8B", "a100", 1, mode="vidur_parity")
     out = []
     with open(path, newline="") as f:
         for r in csv.DictReader(f):

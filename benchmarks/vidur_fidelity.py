@@ -2,9 +2,10 @@
 
 Scenario (../shared/data/vidur/reference_runs/README.md): Llama-3-8B, A100-80GB, TP1, one replica,
 Poisson 4 req/s, splitwise_conv lengths; Vidur `vllm` (→ tierserve `vllm_v0`, token budget 4096) and
-`sarathi` (chunk 512), batch cap 128, KV block 16, watermark 1%, memory margin 10%.
+`sarathi` (chunk 512), batch cap 128, KV block 16, watermark 1%, memory margin 10%. The execution-time
+model runs in the `vidur_parity` mode (Vidur's profiled KV write, no LM head, no CPU overhead), as Vidur does.
 
-    python benchmarks/vidur_fidelity.py [--runs n1000,n10000] [--tolerance 0.15]
+    python benchmarks/vidur_fidelity.py [--runs n1000,n10000] [--tolerance 0.10] [--tbt-tolerance 0.15]
 """
 from __future__ import annotations
 
@@ -25,16 +26,16 @@ METRICS = [("TTFT p50", "ttft", 50), ("TTFT p90", "ttft", 90), ("E2E p50", "e2e"
            ("TBT p50", "tbt", 50)]
 # Known modelling differences, printed with the table so a gap is read for what it is.
 NOTES = [
-    "Decode iterations: Vidur's simulated decode iterations (median ~15.6 ms at batch ~20, printed above) are "
-    "longer than Vidur's own predictor table for the same shapes (11.2-13.0 ms for b8-b32 at ctx 512, "
-    "12.1-17.2 ms at ctx 2048; ../shared/data/vidur/vidur_predictions_llama3_8b_a100.csv), which tierserve "
-    "matches within 2-10%. The likely source is Vidur's random forests evaluated off the profiled grid (its "
-    "attention profile is an 876-row partial extract). This explains E2E and TBT running 16-23% below Vidur; "
-    "tierserve is not tuned to it.",
+    "Decode iterations: with the refreshed reference runs (clean predictor cache) Vidur's decode iterations agree "
+    "with its own predictor table, and so with tierserve (p10/p50/p90 printed above per run); the 16-23% E2E/TBT "
+    "gap measured against the earlier runs came from Vidur's stale decode-attention cache, not from either model.",
+    "Sarathi TTFT: tierserve's sarathi policy admits new prefills in the same iteration as preemptions (Sarathi-Serve's "
+    "rule); Vidur's sarathi scheduler is a different implementation of chunked-prefill admission, so queueing before "
+    "the first chunk can differ. Not tuned to.",
     "Vidur predicts decode attention from the batch's mean context (f(batch, avg kv)); tierserve sums each "
     "decode's context (sum, not mean), which matters for mixed-length batches.",
     "Vidur's KV-cache-write predictor jumps between 512- and 1024-token prefills (~1.7 → 15.9 ms, its own "
-    "~30% training error); tierserve's write cost is linear in tokens, so long prefills are cheaper here.",
+    "~30% training error); in vidur_parity mode tierserve follows its profiled write piecewise-linearly in tokens.",
     "Vidur's attention model here was trained on an 876-row partial extract of the real profile.",
     "Vidur's TBT is 'decode token execution plus preemption time' per token; tierserve's is the token-level "
     "gap between consecutive tokens of a request (the same quantity when nothing else intervenes).",
@@ -75,14 +76,15 @@ def cdf_quantile(cdf: list[tuple[float, float]], q: float) -> float:
     return float(np.interp(q / 100.0, ps, vs))
 
 
-def run(scheduler: str, n: str, tolerance: float) -> list[tuple[str, float, float, float, bool]]:
+def run(scheduler: str, n: str, tolerance: float, tbt_tolerance: float) -> list[tuple[str, float, float, float, bool]]:
     run_dir = shared_data("vidur", "reference_runs", f"l3_{scheduler}_poisson_qps4_{n}")
     if run_dir is None:
         raise SystemExit("../shared/data/vidur/reference_runs is absent: nothing to compare against")
     requests = read_vidur_run(run_dir)
     local, budget = POLICY[scheduler]
     cfg = ClusterConfig(num_replicas=1, local_policy=local, cluster_policy="round_robin",
-                        replica={"model": "Llama-3-8B", "gpu": "A100-80GB", "tp": 1, "token_budget": budget,
+                        replica={"model": "Llama-3-8B", "gpu": "A100-80GB", "tp": 1, "exec_mode": "vidur_parity",
+                                 "token_budget": budget,
                                  "max_num_seqs": 128, "watermark_fraction": 0.01, "gpu_memory_utilization": 0.9})
     res = simulate(cfg, requests)
     table = RequestTable.from_states(res.states, res.reasons)
@@ -94,7 +96,7 @@ def run(scheduler: str, n: str, tolerance: float) -> list[tuple[str, float, floa
         v = cdf_quantile(vidur["tbt_cdf"], q) if key == "tbt" else pct(vidur[key], q)
         t = tbt.quantile(q / 100.0) if key == "tbt" else pct(ours[key][~np.isnan(ours[key])], q)
         err = (t - v) / v
-        rows.append((label, v, t, err, abs(err) <= tolerance))
+        rows.append((label, v, t, err, abs(err) <= (tbt_tolerance if key == "tbt" else tolerance)))
     values, counts = res.tbt_by_tier[0].items()
     values, counts = np.array(values), np.array(counts)
     fast = values < 0.05                     # gaps not stretched by a prefill batch: one decode iteration
@@ -108,14 +110,16 @@ def run(scheduler: str, n: str, tolerance: float) -> list[tuple[str, float, floa
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", default="n1000,n10000")
-    ap.add_argument("--tolerance", type=float, default=0.15)
+    ap.add_argument("--tolerance", type=float, default=0.10, help="TTFT and E2E percentiles")
+    ap.add_argument("--tbt-tolerance", type=float, default=0.15, help="TBT P50")
     args = ap.parse_args(argv)
     failed = 0
     for scheduler in ("vllm", "sarathi"):
         for n in args.runs.split(","):
             print(f"\nVidur {scheduler} vs tierserve {POLICY[scheduler][0]} — {n} requests")
-            print(f"{'metric':<10} {'Vidur s':>10} {'tierserve s':>12} {'error':>8}  within ±{args.tolerance:.0%}")
-            for label, v, t, err, ok in run(scheduler, n, args.tolerance):
+            print(f"{'metric':<10} {'Vidur s':>10} {'tierserve s':>12} {'error':>8}  within ±{args.tolerance:.0%} "
+                  f"(TBT ±{args.tbt_tolerance:.0%})")
+            for label, v, t, err, ok in run(scheduler, n, args.tolerance, args.tbt_tolerance):
                 failed += not ok
                 print(f"{label:<10} {v:>10.4f} {t:>12.4f} {err:>+8.1%}  {'yes' if ok else 'NO'}")
     print("\nWhere they differ, known reasons:")

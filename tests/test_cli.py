@@ -1,6 +1,7 @@
 """The `tierserve` command: the default run, scenario files, and clear errors on bad input."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -102,3 +103,47 @@ def test_calibrate_from_iterations_then_simulate_with_the_fit(tmp_path):
     assert res.summary.all.finished == 200
     # The fitted 8 ms floor shows in every token gap.
     assert res.summary.all.tbt.p50 > 0.008
+
+
+def test_simulate_prints_the_queue_stability_verdict_and_writes_it(tmp_path):
+    result = runner.invoke(app, ["simulate", "-n", "300", "--replicas", "1", "--rate", "2", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "queue stability" in result.output and "all: stable" in result.output
+    doc = json.loads((tmp_path / "summary.json").read_text())
+    assert doc["summary"]["extras"]["stability"]["all"]["verdict"] == "stable"
+
+
+def test_simulate_steady_state_over_seeds_states_window_and_seeds(tmp_path):
+    result = runner.invoke(app, ["simulate", "-n", "300", "--replicas", "1", "--rate", "12", "--steady-state",
+                                 "--seeds", "3", "--executor", "serial", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "seeds [0, 1, 2]" in out and "first and last 10% of arrivals dropped" in out and " ± " in out
+    assert out.count("unstable (") == 3  # 12 req/s on one replica: each seed's queue grows
+    doc = json.loads((tmp_path / "seeds.json").read_text())
+    assert doc["seeds"] == [0, 1, 2] and doc["drop_fraction_each_end"] == 0.1
+    assert doc["intervals"]["all"]["ttft.p50"]["n"] == 3 and doc["intervals"]["all"]["ttft.p50"]["half_width_95"] > 0
+    for seed in range(3):
+        run = json.loads((tmp_path / f"seed{seed}" / "summary.json").read_text())
+        assert run["config"]["seed"] == seed
+        assert run["summary"]["extras"]["steady_state"]["kept"] == 240  # 300 less 30 at each end
+        assert run["summary"]["extras"]["stability"]["all"]["verdict"] == "unstable"
+
+
+def test_compare_steady_state_over_seeds(tmp_path):
+    result = runner.invoke(app, ["compare", "--stacks", "vllm+round_robin,vllm_priority+jsq", "-n", "200",
+                                 "--replicas", "1", "--rate", "2", "--steady-state", "--drop-fraction", "0.2",
+                                 "--seeds", "2", "--executor", "serial", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "vllm_priority+jsq" in result.output and "first and last 20% of arrivals dropped" in result.output
+    for stack in ("vllm__round_robin", "vllm_priority__jsq"):
+        doc = json.loads((tmp_path / stack / "seeds.json").read_text())
+        assert doc["seeds"] == [0, 1] and doc["drop_fraction_each_end"] == 0.2
+        assert [r["verdict"] for r in doc["runs"]] == ["stable", "stable"]
+        assert (tmp_path / stack / "seed1" / "requests.csv").exists()
+
+
+def test_drop_fraction_out_of_range_is_a_named_error():
+    proc = run_cli("simulate", "-n", "50", "--steady-state", "--drop-fraction", "0.5")
+    assert proc.returncode == 2
+    assert "--drop-fraction" in proc.stderr and "Traceback" not in proc.stderr

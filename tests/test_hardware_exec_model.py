@@ -24,7 +24,7 @@ def test_physical_bounds_every_config(calibrated):
         weight_read = m.num_layers * m.layer_params * m.dtype_bytes / tp / g.hbm_bytes_per_s
         for b in (1, 16, 64):
             assert em.decode_base_time(b) >= weight_read, (m.name, g.name, tp, b)
-        full = build_execution_model(m.name, g.name, tp, calibrated=calibrated, include_lm_head=True)
+        full = build_execution_model(m.name, g.name, tp, calibrated=calibrated, include_lm_head=True, overhead_s=0.0)
         # every weight but the embedding table (a gather, not a full read) streams from HBM once per step
         all_weights = (m.param_bytes - m.embedding_params * m.dtype_bytes) / tp / g.hbm_bytes_per_s
         assert full.decode_base_time(1) >= all_weights, (m.name, g.name, tp)
@@ -73,7 +73,7 @@ def test_tp_not_dividing_heads_and_unknown():
 
 
 def test_lm_head_and_overhead_add_time():
-    base = build_execution_model("llama-3-8b", "a100")
+    base = build_execution_model("llama-3-8b", "a100", include_lm_head=False, overhead_s=0.0)
     more = build_execution_model("llama-3-8b", "a100", include_lm_head=True, overhead_s=0.002)
     assert more.decode_base_time(8) > base.decode_base_time(8) + 0.002
     assert more.iteration_time(0, 0, 8, 800) - more.decode_base_time(8) == pytest.approx(

@@ -40,24 +40,52 @@ def _list_known(console: Console) -> None:
     console.print(t)
 
 
-def _describe(console: Console, model: str, gpu: str, tp: int, calibrated: bool) -> None:
+def _describe(console: Console, model: str, gpu: str, tp: int, calibrated: bool, mode: str) -> None:
     from tierserve.hardware.exec_model import build_execution_model, prefill_attention_pairs
     from tierserve.hardware.memory import kv_bytes_per_token, kv_capacity_blocks
-    from tierserve.hardware.specs import get_gpu, get_model
+    from tierserve.hardware.specs import engine_defaults, get_gpu, get_model
     m, g = get_model(model), get_gpu(gpu)
     blocks = kv_capacity_blocks(m, g, tp)
-    em = build_execution_model(m.name, g.name, tp, calibrated=calibrated)
+    em = build_execution_model(m.name, g.name, tp, calibrated=calibrated, mode=mode)
+    budget, seqs = engine_defaults(g)
     console.print(f"[bold]{m.name}[/] on {tp}x {g.name}: KV {kv_bytes_per_token(m, tp)} B/token/GPU, "
-                  f"{blocks} blocks of 16 = {blocks * 16:,} tokens")
+                  f"{blocks} blocks of 16 = {blocks * 16:,} tokens; vLLM defaults {budget} tokens, {seqs} seqs")
     for n in em.notes:
         console.print(f"  source: {n}")
-    t = Table(title="Predicted iteration time (whole model, no LM head/CPU overhead)")
+    what = "LM head and per-iteration overhead included" if mode == "physical" else "Vidur parity: no LM head/overhead"
+    t = Table(title=f"Predicted iteration time (whole model, {mode} mode: {what})")
     for c in ("shape", "ms", "tokens/s"):
         t.add_column(c, justify="right")
     for label, p, pctx, b, ctx in CANONICAL_SHAPES:
         s = em.iteration_time(p, prefill_attention_pairs(p, pctx) if p else 0.0, b, b * ctx)
         t.add_row(label, f"{s * 1e3:.2f}", f"{(p + b) / s:,.0f}")
     console.print(t)
+
+
+def _print_physical_fit(console: Console, fit) -> None:
+    """Fitted parameters, then every logged iteration: measured, physical-only, fitted, leave-one-out."""
+    console.print(f"physical fit of {fit.n_rows} iterations for {fit.model}/{fit.gpu}/tp{fit.tp}:")
+    console.print(f"  per-iteration overhead   {fit.overhead_ms:8.3f} ms")
+    console.print(f"  GEMM FLOP efficiency     {fit.eff_gemm_flop:8.3f} of peak")
+    console.print(f"  attention FLOP efficiency{fit.eff_attn_flop:8.3f} of peak")
+    console.print(f"  HBM efficiency           {fit.eff_hbm:8.3f} (held fixed: not separable from the overhead here)")
+    console.print(f"  per decode sequence      {fit.per_seq_ms:8.3f} ms (constant-cost fit)")
+    console.print("  decode cost by batch size (ms): "
+                  + ", ".join(f"B={b}: {c:.2f}" for b, c in zip(fit.decode_batch_knots, fit.decode_cost_ms)))
+    t = Table(title="Measured vs calibrated (ms; errors %)")
+    for c in ("prefill", "decodes", "measured", "physical", "err", "fitted", "err", "LOO err", "excl."):
+        t.add_column(c, justify="right")
+    for p in fit.points:
+        loo = "" if p["loo_err_pct"] is None else f"{p['loo_err_pct']:+.1f}"
+        t.add_row(str(p["prefill_tokens"]), str(p["decode_count"]), f"{p['measured_ms']:.1f}",
+                  f"{p['physical_ms']:.1f}", f"{p['physical_err_pct']:+.1f}", f"{p['fitted_ms']:.1f}",
+                  f"{p['err_pct']:+.1f}", loo, "yes" if p["exclude"] else "")
+    console.print(t)
+    for p in fit.points:
+        if p["exclude"]:
+            console.print(f"excluded from the fit: prefill {p['prefill_tokens']} / {p['decode_count']} decodes "
+                          f"({p['err_pct']:+.1f}%): {p['exclude']}")
+    console.print(f"largest error over fitted rows: {fit.max_abs_err_pct():.2f}%")
 
 
 def register(app: typer.Typer) -> None:
@@ -67,14 +95,15 @@ def register(app: typer.Typer) -> None:
     def hardware(model: Optional[str] = typer.Option(None, "--model", help="model name or alias"),
                  gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU name or alias"),
                  tp: int = typer.Option(1, "--tp", help="tensor-parallel degree"),
-                 roofline: bool = typer.Option(False, "--roofline", help="uncalibrated roofline only")) -> None:
+                 roofline: bool = typer.Option(False, "--roofline", help="uncalibrated roofline only"),
+                 mode: str = typer.Option("physical", "--mode", help="physical or vidur_parity")) -> None:
         """List known models/GPUs, or show KV capacity and predicted times for one configuration."""
         console = Console()
         try:
             if model is None and gpu is None:
                 _list_known(console)
                 return
-            _describe(console, model or "Llama-3-8B", gpu or "A100-80GB", tp, not roofline)
+            _describe(console, model or "Llama-3-8B", gpu or "A100-80GB", tp, not roofline, mode)
         except TierserveError as e:
             console.print(f"[red]error:[/] {e}")
             raise typer.Exit(2) from None
@@ -82,12 +111,15 @@ def register(app: typer.Typer) -> None:
     @app.command("calibrate")
     def calibrate(profiles: Optional[Path] = typer.Option(None, "--profiles", help="Vidur-format profiling/ folder"),
                   iterations: Optional[Path] = typer.Option(None, "--iterations", help="CSV of measured iterations"),
-                  out: Path = typer.Option(..., "--out", help="where to write the fitted JSON")) -> None:
+                  out: Path = typer.Option(..., "--out", help="where to write the fitted JSON"),
+                  model: Optional[str] = typer.Option(None, "--model", help="model of the iteration log (physical fit)"),
+                  gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU of the iteration log (physical fit)"),
+                  tp: Optional[int] = typer.Option(None, "--tp", help="TP of the iteration log (physical fit)")) -> None:
         """Fit execution-time coefficients from Vidur profiles or from a measured-iteration log."""
         import json
         from dataclasses import asdict
 
-        from tierserve.hardware.calibration import calibrate_from_iterations, fit_profile_tree
+        from tierserve.hardware.calibration import PhysicalIterationFit, calibrate_from_iterations, fit_profile_tree
         console = Console()
         if (profiles is None) == (iterations is None):
             console.print("[red]error:[/] give exactly one of --profiles DIR or --iterations FILE")
@@ -105,9 +137,12 @@ def register(app: typer.Typer) -> None:
                 console.print(t)
                 store.save(out)
             else:
-                fit = calibrate_from_iterations(iterations)
+                fit = calibrate_from_iterations(iterations, model, gpu, tp)
                 out.write_text(json.dumps(asdict(fit), indent=1) + "\n")
-                console.print(f"fitted {fit.n_rows} iterations; held-out MAPE {fit.mape_test:.2f}%")
+                if isinstance(fit, PhysicalIterationFit):
+                    _print_physical_fit(console, fit)
+                else:
+                    console.print(f"fitted {fit.n_rows} iterations (linear model); held-out MAPE {fit.mape_test:.2f}%")
         except TierserveError as e:
             console.print(f"[red]error:[/] {e}")
             raise typer.Exit(2) from None

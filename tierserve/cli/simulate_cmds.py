@@ -1,13 +1,24 @@
 """`tierserve simulate`, `tierserve compare`, `tierserve policies`."""
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 from rich.console import Console
 
+from tierserve.core import ConfigError
+from tierserve.experiments.capacity import judge
 from tierserve.experiments.scenario import ScenarioConfig, ScenarioResult, run_scenario, write_result
+from tierserve.metrics.stability import (
+    DEFAULT_DROP_FRACTION, UNSTABLE, Interval, SeedsResult, StabilityVerdict,
+)
+
+STEADY_HELP = "Statistics over the steady-state window only (first and last --drop-fraction of arrivals dropped)."
+DROP_HELP = "With --steady-state: fraction of arrivals dropped at each end."
+SEEDS_HELP = "Run this many seeds (the scenario's seed and the ones after it); show mean ± 95% interval."
 
 
 def scenario_from_options(config: Optional[Path], overrides: dict[str, Any]) -> ScenarioConfig:
@@ -67,14 +78,31 @@ def register(app: typer.Typer, console: Console) -> None:
         time_limit: Optional[float] = typer.Option(None, help="Stop at this simulated time (s); the rest is censored."),
         no_skip_ahead: bool = typer.Option(False, help="Step every iteration (for checking skip-ahead)."),
         out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write requests.csv, summary.json here."),
+        steady_state: bool = typer.Option(False, "--steady-state", help=STEADY_HELP),
+        drop_fraction: float = typer.Option(DEFAULT_DROP_FRACTION, "--drop-fraction", help=DROP_HELP),
+        seeds: int = typer.Option(1, "--seeds", min=1, help=SEEDS_HELP),
+        executor: str = typer.Option("process", help="For --seeds > 1: serial | process | ray."),
     ) -> None:
-        """Simulate one scenario (default: 4× Llama-3-8B on A100, 2,000 requests, 3 tiers) and print per-tier results."""
+        """Simulate one scenario (default: 4× Llama-3-8B on A100, 2,000 requests, 3 tiers) and print per-tier results
+        with the queue's stability verdict."""
         from tierserve.report import render_summary
         cfg = scenario_from_options(config, dict(model=model, gpu=gpu, tp=tp, replicas=replicas,
                                                  local_policy=local_policy, cluster_policy=cluster_policy,
                                                  trace=trace, trace_format=trace_format, rate=rate,
                                                  num_requests=num_requests, seed=seed, time_limit=time_limit,
                                                  no_skip_ahead=no_skip_ahead))
+        if steady_state or seeds > 1:
+            from tierserve.experiments.capacity import run_seeds
+            frac = _drop_fraction(steady_state, drop_fraction)
+            res = run_seeds(cfg, _seed_list(cfg.seed, seeds), frac, executor=executor, outdir=out)
+            c = cfg.cluster
+            console.print(f"[bold]{cfg.name}[/]: {c.num_replicas}× {c.replica.model} on {c.replica.gpu} "
+                          f"TP{c.replica.tp}, {c.local_policy} + {c.cluster_policy}, "
+                          f"{cfg.workload.num_requests} requests per seed")
+            _print_seeds(console, {f"{c.local_policy}+{c.cluster_policy}": res}, frac)
+            if out:
+                console.print(f"wrote seed<N>/ (requests.csv, summary.json) and seeds.json under {out}/")
+            return
         result = run_with_progress(cfg, console)
         c, s = cfg.cluster, result.sim.stats
         console.print(f"[bold]{cfg.name}[/]: {c.num_replicas}× {c.replica.model} on {c.replica.gpu} TP{c.replica.tp}, "
@@ -84,7 +112,10 @@ def register(app: typer.Typer, console: Console) -> None:
                       f"({len(result.workload.requests) / max(s['wall_s'], 1e-9):,.0f} req/s); "
                       f"{s['iterations']:,} iterations, {s['preemptions']} preemptions, "
                       f"KV use mean {s['kv_utilization_mean']:.1%} / max {s['kv_utilization_max']:.1%}")
+        run = judge(result, drop_fraction=0.0)
+        _print_verdicts(console, run.stability)
         if out:
+            result.summary.extras["stability"] = {k: v.to_dict() for k, v in run.stability.items()}
             paths = write_result(result, out)
             console.print("wrote " + ", ".join(str(p) for p in paths.values()))
 
@@ -99,9 +130,13 @@ def register(app: typer.Typer, console: Console) -> None:
         seed: Optional[int] = typer.Option(None),
         executor: str = typer.Option("process", help="serial | process | ray."),
         out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write each stack's outputs under this folder."),
+        steady_state: bool = typer.Option(False, "--steady-state", help=STEADY_HELP),
+        drop_fraction: float = typer.Option(DEFAULT_DROP_FRACTION, "--drop-fraction", help=DROP_HELP),
+        seeds: int = typer.Option(1, "--seeds", min=1, help=SEEDS_HELP),
     ) -> None:
-        """Run several policy stacks on the same workload and print them side by side."""
-        from tierserve.core import ConfigError
+        """Run several policy stacks on the same workload and print them side by side, with each stack's
+        queue-stability verdict."""
+        from tierserve.experiments.capacity import run_seed_job, run_seeds_many
         from tierserve.experiments.sweep import run_many
         from tierserve.report import render_comparison
         cfgs = {}
@@ -111,10 +146,21 @@ def register(app: typer.Typer, console: Console) -> None:
                 raise ConfigError("--stacks", stack, "LOCAL+CLUSTER, e.g. vllm+round_robin")
             cfgs[stack] = scenario_from_options(config, dict(local_policy=local, cluster_policy=glob, replicas=replicas,
                                                              rate=rate, num_requests=num_requests, seed=seed))
-        jobs = [{"cfg": c.model_dump(mode="json"), "outdir": str(Path(out) / stack.replace("+", "__")) if out else None}
-                for stack, c in cfgs.items()]
-        summaries = dict(zip(cfgs, run_many(_run_summary, jobs, executor=executor, description="stacks")))
-        render_comparison(summaries, console=console)
+        first = next(iter(cfgs.values()))
+        frac = _drop_fraction(steady_state, drop_fraction)
+        if steady_state or seeds > 1:
+            labelled = {stack.replace("+", "__"): c for stack, c in cfgs.items()}
+            res = run_seeds_many(labelled, _seed_list(first.seed, seeds), frac, executor=executor, outdir=out)
+            _print_seeds(console, {stack: res[label] for stack, label in zip(cfgs, labelled)}, frac)
+            if out:
+                console.print(f"wrote each stack's seed<N>/ outputs and seeds.json under {out}/")
+            return
+        jobs = [{"cfg": c.model_dump(mode="json"), "seed": c.seed, "drop_fraction": 0.0,
+                 "outdir": str(Path(out) / stack.replace("+", "__")) if out else None} for stack, c in cfgs.items()]
+        runs = dict(zip(cfgs, run_many(run_seed_job, jobs, executor=executor, description="stacks")))
+        render_comparison({stack: r.summary for stack, r in runs.items()}, console=console)
+        for stack, r in runs.items():
+            console.print(f"[bold]{stack}[/] queue: {_colour(r.verdict_line())}")
         if out:
             console.print(f"wrote each stack's requests.csv and summary.json under {out}/")
 
@@ -127,9 +173,73 @@ def register(app: typer.Typer, console: Console) -> None:
         console.print("cluster (global): " + ", ".join(CLUSTER_POLICIES.names))
 
 
-def _run_summary(cfg: dict, outdir: str | None = None):
-    """Process-pool worker: run a scenario, write its outputs if asked, return its summary (picklable)."""
-    result = run_scenario(ScenarioConfig.from_dict(cfg))
-    if outdir:
-        write_result(result, outdir)
-    return result.summary
+def _seed_list(first: int, n: int) -> list[int]:
+    """`--seeds N`: the scenario's seed and the N − 1 after it."""
+    return [first + i for i in range(n)]
+
+
+def _drop_fraction(steady_state: bool, drop_fraction: float) -> float:
+    """Statistics window: the stated fraction dropped at each end with --steady-state, else the whole run."""
+    if not 0 <= drop_fraction < 0.5:
+        raise ConfigError("--drop-fraction", drop_fraction, "a fraction in [0, 0.5)")
+    return drop_fraction if steady_state else 0.0
+
+
+def _colour(verdict: str) -> str:
+    return f"[red]{verdict}[/]" if verdict.startswith(UNSTABLE) else f"[green]{verdict}[/]"
+
+
+def _print_verdicts(console: Console, stability: Mapping[str, StabilityVerdict]) -> None:
+    """One line per tier (and all): the queue-trend verdict and its numbers."""
+    console.print(f"queue stability (median TTFT trend over arrival order, first/last {DEFAULT_DROP_FRACTION:.0%} of "
+                  "arrivals dropped):")
+    for name, v in stability.items():
+        console.print(f"  {name}: {_colour(str(v))}")
+
+
+_LABELS = {"slo_attainment": "SLO attainment", "goodput_rps": "goodput (req/s)"}
+
+
+def _cell(metric: str, iv: Interval) -> str:
+    from tierserve.report.tables import format_metric
+    if iv.n == 0:
+        return "–"
+    mean = format_metric(metric, iv.mean)
+    return f"{mean} ± {format_metric(metric, iv.half_width)}" if math.isfinite(iv.half_width) else mean
+
+
+def _print_seeds(console: Console, results: Mapping[str, SeedsResult], drop_fraction: float) -> None:
+    """Per tier and metric, mean ± 95% half-width over seeds for each stack; then each seed's verdict."""
+    from rich.table import Table
+
+    from tierserve.report.tables import metric_label
+    first = next(iter(results.values()))
+    n = len(first.runs)
+    window = (f"steady state: first and last {drop_fraction:.0%} of arrivals dropped" if drop_fraction > 0
+              else "whole run")
+    spread = "mean ± 95% half-width (Student t)" if n > 1 else "one seed, no interval"
+    console.print(f"seeds {first.seeds}; statistics over the {window}; {spread}")
+    t = Table(title="Per tier over seeds", header_style="bold")
+    t.add_column("tier", style="bold")
+    t.add_column("metric")
+    for stack in results:
+        t.add_column(stack, justify="right")
+    tiers = list(first.intervals)
+    for i, tier in enumerate(tiers):
+        metrics = list(first.intervals[tier])
+        for j, m in enumerate(metrics):
+            t.add_row(tier if j == 0 else "", _LABELS.get(m) or metric_label(m),
+                      *[_cell(m, r.intervals.get(tier, {}).get(m, Interval(math.nan, math.nan, 0)))
+                        for r in results.values()],
+                      end_section=(j == len(metrics) - 1 and i < len(tiers) - 1))
+    t.caption = ("latencies in ms over finished requests; goodput per s of the window's arrival span"
+                 if drop_fraction > 0 else "latencies in ms over finished requests")
+    console.print(t)
+    v = Table(title="Queue stability per seed", header_style="bold")
+    v.add_column("seed", style="bold")
+    for stack in results:
+        v.add_column(stack)
+    for k in range(n):
+        v.add_row(str(first.runs[k].seed), *[_colour(r.runs[k].verdict_line()) for r in results.values()])
+    v.caption = "median TTFT trend over arrival order, each tier and all; unstable lists the entries that grow"
+    console.print(v)

@@ -1,7 +1,7 @@
 """The committed fitted coefficients (data/exec_coefficients.json) and the rules for reusing them.
 
 Lookup order for a (model, GPU, TP): its own profile fit; else the same-architecture GPU's fit (H200 uses
-H100's: same SMs and tensor cores, only HBM differs, which the roofline rescales); else the profiled model on
+H100's, A100 PCIe uses A100 SXM's: same SMs and tensor cores, only HBM differs, which the roofline rescales); else the profiled model on
 that GPU with the same hidden size (same GEMM shapes up to N, so the same kernel efficiencies); else roofline
 defaults. Attention terms are rescaled from the reference fit by geometry and GPU peak/bandwidth.
 """
@@ -27,7 +27,7 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 DEFAULT_COEFFICIENTS = DATA_DIR / "exec_coefficients.json"
 
 # GPUs without their own profiles borrow kernel efficiencies from a same-architecture part.
-_SAME_ARCH = {"H200": "H100-80GB"}
+_SAME_ARCH = {"H200": "H100-80GB", "A100-80GB-PCIe": "A100-80GB"}
 
 
 @dataclass(slots=True)

@@ -8,6 +8,13 @@ t(P, pairs, B, C) = tok[P+B] + pre[P] + pair·pairs + dec[B] + ctx·C, where
   ctx     = layers·seconds per context token read by a decode (KV bytes / effective HBM bandwidth)
 Tables hold every integer token count up to TABLE_TOKENS, so a scalar call is a few list lookups; past the
 end they extrapolate linearly (compute-bound GEMMs are linear in tokens). t is exactly linear in C.
+
+Two modes (`make_execution_model(mode=...)`):
+  physical      KV-cache writes cost bytes / (HBM·eff) + a launch, the LM head is included and every non-empty
+                iteration pays a per-iteration CPU/scheduling overhead (default DEFAULT_ITERATION_OVERHEAD_MS).
+  vidur_parity  Vidur's predictor as profiled: KV writes follow its `attn_kv_cache_save` profile (0.28-0.57 µs
+                per token-layer, FlashInfer's pre-Nov-2024 `append_paged_kv_cache`, fixed in its PRs #583/#588),
+                no LM head, no overhead — for comparisons with Vidur only.
 """
 from __future__ import annotations
 
@@ -18,7 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from tierserve.core.errors import ConfigError
-from tierserve.hardware.calibration import AllReduceFit, AttentionFit, GemmFit, LayerFit
+from tierserve.hardware.calibration import PHYSICAL_FIT_KIND, AllReduceFit, AttentionFit, GemmFit, LayerFit
 from tierserve.hardware.coefficients import CoefficientStore, load_store
 from tierserve.hardware.roofline import (
     DEFAULT_EFF_BW,
@@ -34,6 +41,15 @@ from tierserve.hardware.roofline import (
 from tierserve.hardware.specs import GPUSpec, ModelSpec, get_gpu, get_model
 
 TABLE_TOKENS = 16384
+EXEC_MODES: tuple[str, ...] = ("physical", "vidur_parity")
+# Per-iteration CPU/scheduling overhead of the physical mode. vLLM's V1 post (blog.vllm.ai, 2025-01-24) names
+# scheduling, input preparation and detokenisation as the per-step CPU cost but publishes no per-step figure,
+# and V0's 4-13 ms GPU bubbles per decode step (vllm-project/vllm#6854) are what V1's separate engine-core
+# process removes; so the stated basis is the median `inter_batch_delay` (CPU gap between batches) over the
+# 15 Sarathi-Serve Yi-34B/A100 measurements in shared/data/real_gpu (0.290 ms; range 0.05-0.68 ms).
+DEFAULT_ITERATION_OVERHEAD_MS = 0.29
+# A KV write reads the new K and V from the QKV output and stores them in the paged cache: 2x the KV bytes.
+KV_WRITE_TRAFFIC = 2.0
 # Roofline defaults for attention where no attention profile applies (FlashAttention-2 reaches ~50% of
 # A100 peak in prefill; decode streams KV at ~75% of HBM bandwidth).
 DEFAULT_EFF_ATTN_FLOP = 0.5
@@ -176,15 +192,25 @@ def roofline_attention(model: ModelSpec, gpu: GPUSpec, tp: int) -> AttentionTerm
     kvb = kv_bytes_per_token_layer(model, tp)
     bw = gpu.hbm_bytes_per_s
     q_bytes = 2 * (model.num_q_heads // tp) * model.head_dim * model.dtype_bytes  # read Q, write O
-    save_per_tok = kvb / (bw * 0.5) * 1e3
+    knots, save_ms, save_per_tok = physical_kv_write(model, gpu, tp)
     return AttentionTerms(
         p0=DEFAULT_LAUNCH_MS, p_tok=(q_bytes + kvb) / (bw * DEFAULT_EFF_ATTN_BW) * 1e3,
         p_pair=attn_flops_per_pair(model, tp) / (gpu.peak_flops * DEFAULT_EFF_ATTN_FLOP) * 1e3,
         d0=DEFAULT_LAUNCH_MS, d_req=q_bytes / (bw * DEFAULT_EFF_ATTN_BW) * 1e3,
         d_ctx=kvb / (bw * DEFAULT_EFF_ATTN_BW) * 1e3,
-        save_knots=(0.0, 16384.0), save_ms=(DEFAULT_LAUNCH_MS, DEFAULT_LAUNCH_MS + 16384 * save_per_tok),
-        save_req=save_per_tok,
+        save_knots=knots, save_ms=save_ms, save_req=save_per_tok,
     )
+
+
+def physical_kv_write(model: ModelSpec, gpu: GPUSpec, tp: int, eff_bw: float = DEFAULT_EFF_BW,
+                      launch_ms: float = DEFAULT_LAUNCH_MS) -> tuple[tuple[float, ...], tuple[float, ...], float]:
+    """(knots, ms at knots, ms per decode token) of an HBM-bound KV write: launch + 2·KV bytes / (HBM·eff).
+
+    Roofline (Williams et al. 2009) for a copy kernel; FlashInfer's fixed `append_paged_kv_cache` (PRs
+    #583/#588, Nov 2024) runs near this bound, ~170x faster than the kernel Vidur profiled.
+    """
+    per_tok = KV_WRITE_TRAFFIC * kv_bytes_per_token_layer(model, tp) / (gpu.hbm_bytes_per_s * eff_bw) * 1e3
+    return (0.0, float(TABLE_TOKENS)), (launch_ms, launch_ms + TABLE_TOKENS * per_tok), per_tok
 
 
 def rescale_attention(a: AttentionFit, model: ModelSpec, gpu: GPUSpec, tp: int) -> AttentionTerms:
@@ -218,8 +244,10 @@ def default_allreduce_ms(gpu: GPUSpec, tp: int, nbytes: np.ndarray) -> np.ndarra
 class _LayerCostBuilder:
     """Evaluates per-layer ms of each term over token counts 0…TABLE_TOKENS for one configuration."""
 
-    def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int, store: CoefficientStore | None) -> None:
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int, store: CoefficientStore | None,
+                 kv_write: str = "physical") -> None:
         self.m, self.g, self.tp = model, gpu, tp
+        self.lm_eff_flop, self.lm_eff_bw = DEFAULT_EFF_FLOP, DEFAULT_EFF_BW
         self.notes: list[str] = []
         self.layer: LayerFit | None = None
         self.attn: AttentionTerms = roofline_attention(model, gpu, tp)
@@ -240,6 +268,13 @@ class _LayerCostBuilder:
                 self.notes.append(f"all-reduce: {note}")
         else:
             self.notes.append("roofline defaults (uncalibrated)")
+        if kv_write == "physical":
+            knots, save, per_tok = physical_kv_write(model, gpu, tp)
+            a = self.attn
+            self.attn = AttentionTerms(a.p0, a.p_tok, a.p_pair, a.d0, a.d_req, a.d_ctx, knots, save, per_tok)
+            self.notes.append("KV write: HBM-bound (bytes / bandwidth + launch)")
+        elif store is not None and self.attn.save_knots != roofline_attention(model, gpu, tp).save_knots:
+            self.notes.append("KV write: Vidur attn_kv_cache_save profile")
 
     def linear_ms(self, tokens: np.ndarray) -> np.ndarray:
         out = np.zeros_like(tokens, dtype=float)
@@ -258,8 +293,8 @@ class _LayerCostBuilder:
     def lm_head_ms(self) -> tuple[float, float]:
         """LM head over sampled tokens as (fixed, per token) ms: weight read, then FLOPs per token."""
         fl, by = gemm_flops_bytes(self.m, self.tp, "lm_head", np.array([0.0, 1.0]))
-        fixed = by[0] / (self.g.hbm_bytes_per_s * DEFAULT_EFF_BW) * 1e3 + DEFAULT_LAUNCH_MS
-        per_tok = fl[1] / (self.g.peak_flops * DEFAULT_EFF_FLOP) * 1e3
+        fixed = by[0] / (self.g.hbm_bytes_per_s * self.lm_eff_bw) * 1e3 + DEFAULT_LAUNCH_MS
+        per_tok = fl[1] / (self.g.peak_flops * self.lm_eff_flop) * 1e3
         return fixed, per_tok
 
 
@@ -267,7 +302,8 @@ def _with_save(a: AttentionTerms, ref: AttentionTerms) -> AttentionTerms:
     return AttentionTerms(a.p0, a.p_tok, a.p_pair, a.d0, a.d_req, a.d_ctx, ref.save_knots, ref.save_ms, ref.save_req)
 
 
-def _assemble(name: str, b: _LayerCostBuilder, include_lm_head: bool, overhead_s: float) -> ExecutionTimeModel:
+def _assemble(name: str, b: _LayerCostBuilder, include_lm_head: bool, overhead_s: float,
+              per_seq: np.ndarray | None = None) -> ExecutionTimeModel:
     n = np.arange(TABLE_TOKENS + 1, dtype=float)
     layers = b.m.num_layers
     a = b.attn
@@ -275,7 +311,11 @@ def _assemble(name: str, b: _LayerCostBuilder, include_lm_head: bool, overhead_s
     tok = np.where(nz, b.linear_ms(n) * layers * 1e-3 + overhead_s, 0.0)
     pre = np.where(nz, (a.p0 + a.p_tok * n + a.save_prefill_ms(n)) * layers * 1e-3, 0.0)
     dec = np.where(nz, (a.d0 + (a.d_req + a.save_req) * n) * layers * 1e-3, 0.0)
+    if per_seq is not None:   # the engine's own cost of n decode sequences (fitted), on top of the roofline
+        dec = dec + per_seq
     notes = list(b.notes)
+    if overhead_s:
+        notes.append(f"per-iteration overhead {overhead_s * 1e3:.3f} ms")
     if include_lm_head:
         fixed, per_tok = b.lm_head_ms()
         tok = tok + np.where(nz, fixed * 1e-3, 0.0)
@@ -287,42 +327,146 @@ def _assemble(name: str, b: _LayerCostBuilder, include_lm_head: bool, overhead_s
 
 @lru_cache(maxsize=64)
 def _build_cached(model_name: str, gpu_name: str, tp: int, calibrated: bool, include_lm_head: bool,
-                  overhead_s: float, coefficients: str | None) -> ExecutionTimeModel:
+                  overhead_s: float, coefficients: str | None, kv_write: str) -> ExecutionTimeModel:
     m, g = get_model(model_name), get_gpu(gpu_name)
     m.check_tp(tp)
     store = load_store(coefficients) if calibrated else None
-    builder = _LayerCostBuilder(m, g, tp, store)
+    builder = _LayerCostBuilder(m, g, tp, store, kv_write)
     tag = "calibrated" if calibrated else "roofline"
-    return _assemble(f"{m.name}/{g.name}/tp{tp}/{tag}", builder, include_lm_head, overhead_s)
+    return _assemble(f"{m.name}/{g.name}/tp{tp}/{tag}/{kv_write}", builder, include_lm_head, overhead_s)
 
 
-def build_execution_model(model: str, gpu: str, tp: int = 1, *, calibrated: bool = True,
-                          include_lm_head: bool = False, overhead_s: float = 0.0,
+def check_mode(mode: str) -> str:
+    if mode not in EXEC_MODES:
+        raise ConfigError("exec_mode", mode, " or ".join(EXEC_MODES))
+    return mode
+
+
+def check_overhead_ms(value: float | None) -> float | None:
+    """None (the mode's default) or a finite number of milliseconds ≥ 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
+        raise ConfigError("iteration_overhead_ms", value, "None (the mode's default) or a number of ms >= 0")
+    return float(value)
+
+
+def mode_defaults(mode: str) -> tuple[bool, float]:
+    """(LM head included, per-iteration overhead in seconds) of a mode."""
+    return (True, DEFAULT_ITERATION_OVERHEAD_MS * 1e-3) if check_mode(mode) == "physical" else (False, 0.0)
+
+
+def build_execution_model(model: str, gpu: str, tp: int = 1, *, calibrated: bool = True, mode: str = "physical",
+                          include_lm_head: bool | None = None, overhead_s: float | None = None,
                           coefficients: str | None = None) -> ExecutionTimeModel:
-    """The execution-time model of one replica; cached per configuration.
+    """The execution-time model of one replica from profile coefficients; cached per configuration.
 
     calibrated=True uses the committed fitted coefficients (roofline defaults where none apply);
-    calibrated=False is the pure roofline. Like Vidur's predictions, the default excludes the LM head,
-    sampling and CPU overheads; `include_lm_head` and `overhead_s` (per non-empty iteration) add them.
+    calibrated=False is the pure roofline. `mode` sets the KV write and the defaults of `include_lm_head`
+    and `overhead_s` (seconds per non-empty iteration); explicit values override them.
     """
+    lm_default, oh_default = mode_defaults(mode)
     m, g = get_model(model), get_gpu(gpu)
-    return _build_cached(m.name, g.name, int(tp), bool(calibrated), bool(include_lm_head), float(overhead_s),
-                         str(coefficients) if coefficients else None)
+    kv_write = "physical" if mode == "physical" else "vidur_profile"
+    return _build_cached(m.name, g.name, int(tp), bool(calibrated),
+                         lm_default if include_lm_head is None else bool(include_lm_head),
+                         oh_default if overhead_s is None else float(overhead_s),
+                         str(coefficients) if coefficients else None, kv_write)
 
 
-def load_execution_model(path: str, model: str, gpu: str, tp: int = 1) -> ExecutionTimeModel:
-    """The model `tierserve calibrate --out FILE` wrote: a coefficient store (from profiles) or a linear
-    fit of measured iterations, told apart by their keys."""
+def make_execution_model(model: str, gpu: str, tp: int = 1, *, mode: str = "physical",
+                         iteration_overhead_ms: float | None = None,
+                         exec_model_file: str | None = None) -> ExecutionTimeModel:
+    """The simulator's execution-time model of one replica (model, GPU, TP).
+
+    mode: "physical" (default) or "vidur_parity" (see the module docstring). iteration_overhead_ms: CPU/
+    scheduling cost per non-empty iteration, None = the mode's (or the calibrated file's) own value.
+    exec_model_file: what `tierserve calibrate --out` wrote (profile coefficients or a fit of measured
+    iterations); None = the committed profile coefficients.
+    """
+    check_mode(mode)
+    oh = check_overhead_ms(iteration_overhead_ms)
+    overhead_s = None if oh is None else oh * 1e-3
+    if exec_model_file:
+        return load_execution_model(exec_model_file, model, gpu, tp, mode=mode, overhead_s=overhead_s)
+    return build_execution_model(model, gpu, tp, mode=mode, overhead_s=overhead_s)
+
+
+def load_execution_model(path: str, model: str, gpu: str, tp: int = 1, *, mode: str = "physical",
+                         overhead_s: float | None = None) -> ExecutionTimeModel:
+    """The model `tierserve calibrate --out FILE` wrote: a coefficient store (from profiles), a physically
+    parametrised fit of measured iterations, or a bare linear fit, told apart by their keys."""
     import json
     from pathlib import Path
 
     from tierserve.core.files import read_mapping
+    check_mode(mode)
     data = read_mapping(path, "exec_model_file", json.loads, (ValueError,), "JSON")
+    measured = data.get("kind") == PHYSICAL_FIT_KIND or "c_ctx_s" in data
+    if measured and mode != "physical":
+        raise ConfigError("exec_mode", mode, f"physical: {path} is a fit of measured iterations, which has no "
+                                             "Vidur-profile KV write to reproduce")
+    if data.get("kind") == PHYSICAL_FIT_KIND:
+        from tierserve.hardware.calibration import PhysicalIterationFit
+        fit = PhysicalIterationFit.from_json(data)
+        m, g = get_model(model), get_gpu(gpu)
+        if (fit.model, fit.gpu, fit.tp) != (m.name, g.name, int(tp)):
+            raise ConfigError("exec_model_file", str(path), f"a fit for the replica's {m.name}/{g.name}/tp{tp}; "
+                                                            f"this one is for {fit.model}/{fit.gpu}/tp{fit.tp}")
+        return fit.to_model(Path(path).stem, overhead_s=overhead_s)
     if "c_ctx_s" in data:
+        if overhead_s is not None:
+            raise ConfigError("iteration_overhead_ms", overhead_s * 1e3,
+                              f"None: {path} is a linear fit whose fixed cost c0_s already holds the overhead")
         from tierserve.hardware.calibration import IterationFit
         fields = IterationFit.__dataclass_fields__
         return IterationFit(**{k: v for k, v in data.items() if k in fields}).to_model(Path(path).stem)
-    return build_execution_model(model, gpu, tp, coefficients=str(path))
+    return build_execution_model(model, gpu, tp, coefficients=str(path), mode=mode, overhead_s=overhead_s)
+
+
+def model_from_physical_parameters(name: str, model: str, gpu: str, tp: int, *, eff_gemm_flop: float,
+                                   eff_hbm: float, eff_attn_flop: float, overhead_s: float, per_seq_s: float,
+                                   decode_knots: Sequence[float] = (), decode_cost_s: Sequence[float] = ()
+                                   ) -> ExecutionTimeModel:
+    """Roofline of every operator with the given efficiencies, plus a per-iteration and a per-decode cost.
+
+    GEMMs: max(FLOPs / (peak·eff_gemm_flop), bytes / (HBM·eff_hbm)); elementwise ops, KV reads/writes and the
+    LM head's weight read at eff_hbm; prefill attention FLOPs at eff_attn_flop; all-reduce from the network
+    profile. The engine's cost of B decode sequences is per_seq_s·B, or, given measured knots, piecewise
+    linear through (decode_knots, decode_cost_s) from (0, 0), continuing at per_seq_s past the last knot.
+    Used by `calibrate_from_iterations`.
+    """
+    m, g = get_model(model), get_gpu(gpu)
+    m.check_tp(tp)
+    store = load_store()
+    b = _LayerCostBuilder(m, g, tp, None, "physical")
+    b.notes = []
+    if tp > 1:
+        b.ar, note = store.allreduce_fit(g, tp)
+        b.notes.append(f"all-reduce: {note}")
+    b.lm_eff_flop, b.lm_eff_bw = eff_gemm_flop, eff_hbm
+    b.layer = LayerFit({op: GemmFit(eff_gemm_flop, eff_hbm, DEFAULT_LAUNCH_MS) for op in GEMM_OPS},
+                       {op: default_elementwise(m, g, tp, op, eff_bw=eff_hbm) for op in ELEMENTWISE_OPS})
+    kvb = kv_bytes_per_token_layer(m, tp)
+    q_bytes = 2 * (m.num_q_heads // tp) * m.head_dim * m.dtype_bytes
+    bw = g.hbm_bytes_per_s * eff_hbm
+    knots, save, per_tok = physical_kv_write(m, g, tp, eff_hbm)
+    b.attn = AttentionTerms(
+        p0=DEFAULT_LAUNCH_MS, p_tok=(q_bytes + kvb) / bw * 1e3,
+        p_pair=attn_flops_per_pair(m, tp) / (g.peak_flops * eff_attn_flop) * 1e3,
+        d0=DEFAULT_LAUNCH_MS, d_req=q_bytes / bw * 1e3, d_ctx=kvb / bw * 1e3,
+        save_knots=knots, save_ms=save, save_req=per_tok)
+    n = np.arange(TABLE_TOKENS + 1, dtype=float)
+    if len(decode_knots):
+        k = np.concatenate([[0.0], np.asarray(decode_knots, dtype=float)])
+        v = np.concatenate([[0.0], np.asarray(decode_cost_s, dtype=float)])
+        seq = np.where(n <= k[-1], np.interp(n, k, v), v[-1] + per_seq_s * (n - k[-1]))
+    else:
+        seq = per_seq_s * n
+    b.notes.append(f"fitted from measured iterations: GEMM {eff_gemm_flop:.3f} of peak, HBM {eff_hbm:.3f}, "
+                   f"attention {eff_attn_flop:.3f}, overhead {overhead_s * 1e3:.3f} ms, "
+                   f"{per_seq_s * 1e3:.3f} ms per decode" + (" (measured per batch size)" if len(decode_knots) else ""))
+    return _assemble(name, b, True, overhead_s, per_seq=seq)
 
 
 def model_from_linear_coefficients(name: str, c0_s: float, c_prefill_tok_s: float, c_decode_tok_s: float,
@@ -336,7 +480,7 @@ def model_from_linear_coefficients(name: str, c0_s: float, c_prefill_tok_s: floa
 
 
 __all__ = [
-    "ExecutionTimeModel", "build_execution_model", "load_execution_model", "prefill_attention_pairs",
-    "model_from_linear_coefficients",
-    "TABLE_TOKENS",
+    "ExecutionTimeModel", "build_execution_model", "load_execution_model", "make_execution_model",
+    "prefill_attention_pairs", "model_from_linear_coefficients", "model_from_physical_parameters",
+    "EXEC_MODES", "DEFAULT_ITERATION_OVERHEAD_MS", "TABLE_TOKENS",
 ]

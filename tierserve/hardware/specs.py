@@ -111,11 +111,18 @@ _MODELS: tuple[ModelSpec, ...] = (
     # Qwen-72B's config lists intermediate_size 49152 for w1+w2 together; each projection is 24576 wide.
     ModelSpec("Qwen-72B", 80, 8192, 64, 64, 128, 24576, 152064, True, 32768,
               aliases=("Qwen/Qwen-72B", "qwen72b"), profile_dir="Qwen/Qwen-72B"),
+    # 01-ai/Yi-34B config.json: the model of Sarathi-Serve's real-GPU measurements (shared/data/real_gpu).
+    ModelSpec("Yi-34B", 60, 7168, 56, 8, 128, 20480, 64000, True, 4096,
+              aliases=("01-ai/Yi-34B", "yi34b")),
 )
 
 _GPUS: tuple[GPUSpec, ...] = (
     GPUSpec("A100-80GB", 312.0, 80.0, 2039.0, 32.0, 300.0,
             aliases=("a100", "a100-sxm4-80gb", "a100_80g"), profile_dir="a100", network_dir="a100_dgx"),
+    # A100 80GB PCIe datasheet: HBM2e at 1,935 GB/s (SXM: 2,039), same 312 TFLOP/s fp16; NVLink bridges join
+    # GPUs in pairs (600 GB/s both ways), hence Vidur's pairwise-NVLink network profile. No compute profiles.
+    GPUSpec("A100-80GB-PCIe", 312.0, 80.0, 1935.0, 32.0, 300.0,
+            aliases=("a100-pcie", "a100-pcie-80gb", "a100_80g_pcie"), network_dir="a100_pairwise_nvlink"),
     GPUSpec("H100-80GB", 989.0, 80.0, 3350.0, 64.0, 450.0,
             aliases=("h100", "h100-sxm5-80gb", "h100_80g"), profile_dir="h100", network_dir="h100_dgx"),
     # H200 has H100's compute and NVLink with larger, faster HBM3e; no Vidur profiles exist for it.
@@ -166,3 +173,16 @@ def get_gpu(name: str | GPUSpec) -> GPUSpec:
     if spec is None:
         raise ConfigError("gpu", name, ", ".join(g.name for g in _GPUS))
     return spec  # type: ignore[return-value]
+
+
+def engine_defaults(gpu: str | GPUSpec) -> tuple[int, int]:
+    """(token budget, max_num_seqs) that vLLM's OpenAI server picks for this GPU when neither is set.
+
+    Follows vLLM's `EngineArgs._set_default_args` / `get_batch_defaults` (vllm/engine/arg_utils.py, v0.9-v0.19):
+    ≥ 70 GiB of device memory and not an A100 → 8192 tokens / 1024 sequences; otherwise 2048 / 256 (the A100
+    carve-out is vLLM PR #17885: larger budgets lowered A100 throughput).
+    """
+    g = get_gpu(gpu)
+    if g.memory_gb >= 70 and "a100" not in g.name.lower():
+        return 8192, 1024
+    return 2048, 256

@@ -261,6 +261,38 @@ def attainment_of(summary: RunSummary, tier: str | int | None = None) -> float:
     return summary[ALL if tier is None else tier].slo_attainment
 
 
+def bisect_rate(passes: Callable[[float], bool], lo: float, hi: float, *, tol: float | None = None,
+                rel_tol: float | None = None, max_probes: int = 64) -> tuple[float, bool]:
+    """(largest rate found to pass, whether `hi` itself passed), by bisection between `lo` and `hi`.
+
+    Assumes `passes` holds below some rate and fails above it. Probes `lo` (NaN if it fails), then `hi`,
+    then midpoints. Give exactly one stopping rule: `tol` (same units as rate) bisects arithmetically until
+    failing − passing <= tol; `rel_tol` bisects geometrically until failing / passing <= 1 + rel_tol.
+    At most `max_probes` calls of `passes`.
+    A pointwise stricter `passes` never returns a higher rate: the two searches probe the same points
+    until the stricter one fails where the other passes, and from then on their brackets do not overlap.
+    """
+    if (tol is None) == (rel_tol is None):
+        raise ValueError("bisect_rate needs exactly one of tol and rel_tol")
+    step = tol if tol is not None else rel_tol
+    if not (0 <= lo < hi) or not (step > 0) or (rel_tol is not None and lo <= 0):
+        raise ValueError(f"bisection needs 0 <= lo < hi (lo > 0 with rel_tol) and a positive tolerance; "
+                         f"got lo={lo}, hi={hi}, tol={tol}, rel_tol={rel_tol}")
+    if not passes(lo):
+        return math.nan, False
+    if passes(hi):
+        return hi, True
+    good, bad, probes = lo, hi, 2
+    while probes < max_probes and (bad - good > tol if tol is not None else bad / good > 1 + rel_tol):
+        mid = 0.5 * (good + bad) if tol is not None else math.sqrt(good * bad)
+        probes += 1
+        if passes(mid):
+            good = mid
+        else:
+            bad = mid
+    return good, False
+
+
 def capacity_search(run_fn: Callable[[float], RunSummary], lo: float, hi: float,
                     target_attainment: float = 0.99, tol: float = 0.05, *,
                     tier: str | int | None = None,
@@ -268,7 +300,8 @@ def capacity_search(run_fn: Callable[[float], RunSummary], lo: float, hi: float,
                     max_probes: int = 64, keep_summaries: bool = True) -> CapacityResult:
     """Largest rate in [lo, hi] whose run meets the target, by bisection to within `tol` (same units as rate).
 
-    Assumes attainment falls as the rate grows. By default a run passes when the attainment of `tier`
+    A single-run, attainment-only search. For capacity with stability verdicts, seeds and per-tier results
+    use `tierserve.experiments.capacity.find_capacity`. By default a run passes when the attainment of `tier`
     (or "all") is >= `target_attainment`; pass `meets` for another criterion (e.g. every tier its goal).
     """
     if not (0 <= lo < hi) or tol <= 0:
@@ -282,15 +315,5 @@ def capacity_search(run_fn: Callable[[float], RunSummary], lo: float, hi: float,
         probes.append(Probe(rate, a, ok, s if keep_summaries else None))
         return ok
 
-    if not probe(lo):
-        return CapacityResult(math.nan, probes)
-    if probe(hi):
-        return CapacityResult(hi, probes, saturated=True)
-    good, bad = lo, hi
-    while bad - good > tol and len(probes) < max_probes:
-        mid = 0.5 * (good + bad)
-        if probe(mid):
-            good = mid
-        else:
-            bad = mid
-    return CapacityResult(good, probes)
+    rate, saturated = bisect_rate(probe, lo, hi, tol=tol, max_probes=max_probes)
+    return CapacityResult(rate, probes, saturated)

@@ -19,8 +19,12 @@ class ReplicaConfig(BaseModel):
     block_size: int = Field(16, ge=1, description="KV block size in tokens.")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="Fraction of GPU memory the engine may use.")
     num_blocks: int | None = Field(None, ge=1, description="Override the KV capacity (blocks) computed from memory.")
-    token_budget: int | None = Field(None, ge=1, description="Max tokens per iteration; None = the policy's default.")
-    max_num_seqs: int | None = Field(None, ge=1, description="Max requests per batch; None = the policy's default.")
+    token_budget: int | None = Field(None, ge=1, description="Max tokens per iteration; None = the policy's "
+                                        "default (vLLM v1 policies: vLLM's per-GPU default, 2,048 on A100, 8,192 on "
+                                        "H100/H200; sarathi 512; vllm_v0 4,096).")
+    max_num_seqs: int | None = Field(None, ge=1, description="Max requests per batch; None = the policy's "
+                                         "default (vLLM v1 policies: 256 on A100, 1,024 on H100/H200; sarathi, "
+                                         "vllm_v0 and orca 128).")
     watermark_fraction: float = Field(0.01, ge=0, lt=1, description="KV blocks kept free on admission (Sarathi/vLLM v0: 1%).")
     max_model_len: int | None = Field(None, ge=1, description="Longest prompt+output served; None = the model's.")
     swap_space_gib: float = Field(4.0, ge=0, description="Host memory per GPU for swapped-out KV (GiB; vLLM v0's "

@@ -7,7 +7,7 @@ from typing import Sequence
 
 from tierserve.core import Request, RequestState, Status
 from tierserve.core.histogram import LogHistogram
-from tierserve.hardware.specs import get_model
+from tierserve.hardware.specs import engine_defaults, get_model
 from tierserve.hardware.memory import kv_bytes_per_token, kv_capacity_blocks, swap_time_s
 from tierserve.policies.cluster import CLUSTER_POLICIES
 from tierserve.policies.local import LOCAL_POLICIES
@@ -71,10 +71,11 @@ def build_replicas(cfg: ClusterConfig, loop: EventLoop, num_tiers: int, predicto
     replicas = []
     for i in range(cfg.num_replicas):
         policy = LOCAL_POLICIES.create(cfg.local_policy, **cfg.local_policy_params)
+        budget, seqs = ((engine_defaults(rc.gpu)) if policy.follows_engine_defaults
+                        else (policy.default_token_budget, policy.default_max_num_seqs))
         replicas.append(Replica(
             i, policy, predictor, loop, total_blocks=total_blocks, block_size=rc.block_size,
-            token_budget=rc.token_budget or policy.default_token_budget,
-            max_num_seqs=rc.max_num_seqs or policy.default_max_num_seqs,
+            token_budget=rc.token_budget or budget, max_num_seqs=rc.max_num_seqs or seqs,
             watermark_blocks=int(rc.watermark_fraction * total_blocks) if policy.uses_watermark else 0,
             swap_time_per_block_s=swap_per_block, num_tiers=num_tiers,
             on_finish=lambda s: None, skip_ahead=cfg.skip_ahead, swap_blocks=swap_blocks))

@@ -32,6 +32,7 @@ class LocalPolicy(ABC):
     preempt_modes: tuple[PreemptMode, ...] = (PreemptMode.RECOMPUTE,)
     uses_watermark: bool = True
     needs_oracle: bool = False
+    follows_engine_defaults: bool = False   # token budget / max_num_seqs default to vLLM's per-GPU choice
     max_model_len: int = 0          # MAX_LENGTH allocation reserves this many tokens per request
 
     @abstractmethod

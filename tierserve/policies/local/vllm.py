@@ -35,6 +35,7 @@ class VLLMPolicy(LocalPolicy):
     default_max_num_seqs = 256
     preempt_modes = (PreemptMode.RECOMPUTE, PreemptMode.SWAP)
     uses_watermark = False           # v1's KV manager admits while blocks are free
+    follows_engine_defaults = True   # budget and batch cap as vLLM picks them for the GPU
 
     def __init__(self, preempt_mode: str = "recompute", long_prefill_threshold: int = 0) -> None:
         self._mode = parse_preempt_mode(preempt_mode)
