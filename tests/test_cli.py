@@ -22,12 +22,31 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True)
 
 
-def test_default_simulate_prints_the_per_tier_table(tmp_path):
+def test_default_simulate_compares_fcfs_with_the_tier_aware_stack(tmp_path):
+    from tierserve.experiments.scenario import DEFAULT_STACKS
     result = runner.invoke(app, ["simulate", "-n", "300", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
+    assert "ρ = 0.90" in result.output and "burst" in result.output
     for tier in ("tier0", "tier1", "tier2", "all"):
         assert tier in result.output
-    assert (tmp_path / "requests.csv").read_text().count("\n") == 301   # header + every request
+    for stack in DEFAULT_STACKS:
+        assert stack in result.output
+        # header + every request, for each stack
+        assert (tmp_path / stack.replace("+", "__") / "requests.csv").read_text().count("\n") == 301
+
+
+def test_default_scenario_shows_tiers_mattering():
+    """At the default load and burst, local priority protects tier 0's tail and costs the bottom tier's."""
+    from tierserve.experiments.scenario import DEFAULT_STACKS, ScenarioConfig, run_scenario
+    ttft_p99 = {}
+    for stack in DEFAULT_STACKS:
+        local, _, glob = stack.partition("+")
+        cfg = ScenarioConfig.from_dict({"cluster": {"local_policy": local, "cluster_policy": glob}})
+        res = run_scenario(cfg)
+        ttft_p99[stack] = [res.summary.tiers[f"tier{t}"].get("ttft.p99") for t in range(3)]
+    fcfs, tiered = (ttft_p99[s] for s in DEFAULT_STACKS)
+    assert tiered[0] < 0.5 * fcfs[0]          # tier 0's tail shrinks under priority
+    assert tiered[2] > fcfs[2]                # … paid for by the bottom tier
 
 
 @pytest.mark.parametrize("args, field", [
@@ -147,3 +166,11 @@ def test_drop_fraction_out_of_range_is_a_named_error():
     proc = run_cli("simulate", "-n", "50", "--steady-state", "--drop-fraction", "0.5")
     assert proc.returncode == 2
     assert "--drop-fraction" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_examples_default_yaml_is_the_default_scenario():
+    from pathlib import Path
+
+    from tierserve.experiments.scenario import ScenarioConfig
+    path = Path(__file__).resolve().parents[1] / "examples" / "default.yaml"
+    assert ScenarioConfig.from_yaml(path).model_dump() == ScenarioConfig().model_dump()

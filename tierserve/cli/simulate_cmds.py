@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -16,6 +16,7 @@ from tierserve.metrics.stability import (
     DEFAULT_DROP_FRACTION, UNSTABLE, Interval, SeedsResult, StabilityVerdict,
 )
 
+MAIN_JOB_METRICS = ("ttft.p50", "ttft.p99", "tbt.p99", "ttlt.p99", "slo_attainment", "goodput_rps")
 STEADY_HELP = "Statistics over the steady-state window only (first and last --drop-fraction of arrivals dropped)."
 DROP_HELP = "With --steady-state: fraction of arrivals dropped at each end."
 SEEDS_HELP = "Run this many seeds (the scenario's seed and the ones after it); show mean ± 95% interval."
@@ -86,11 +87,24 @@ def register(app: typer.Typer, console: Console) -> None:
         """Simulate one scenario (default: 4× Llama-3-8B on A100, 2,000 requests, 3 tiers) and print per-tier results
         with the queue's stability verdict."""
         from tierserve.report import render_summary
-        cfg = scenario_from_options(config, dict(model=model, gpu=gpu, tp=tp, replicas=replicas,
-                                                 local_policy=local_policy, cluster_policy=cluster_policy,
-                                                 trace=trace, trace_format=trace_format, rate=rate,
-                                                 num_requests=num_requests, seed=seed, time_limit=time_limit,
-                                                 no_skip_ahead=no_skip_ahead))
+        options = dict(model=model, gpu=gpu, tp=tp, replicas=replicas, local_policy=local_policy,
+                       cluster_policy=cluster_policy, trace=trace, trace_format=trace_format, rate=rate,
+                       num_requests=num_requests, seed=seed, time_limit=time_limit, no_skip_ahead=no_skip_ahead)
+        if config is None and all(v is None for v in (local_policy, cluster_policy, trace, rate, replicas, model,
+                                                       gpu, tp)):
+            # The main job: the default scenario, FCFS baseline and tier-aware stack side by side.
+            from tierserve.experiments.scenario import DEFAULT_STACKS, default_load_note
+            cfgs = _stack_configs(None, DEFAULT_STACKS, options)
+            first = next(iter(cfgs.values()))
+            c = first.cluster
+            console.print(f"[bold]default scenario[/]: {c.num_replicas}× {c.replica.model} on {c.replica.gpu}, "
+                          f"{first.workload.num_requests} requests, 3 tiers (enterprise mix); "
+                          + default_load_note())
+            console.print(f"{DEFAULT_STACKS[0]} is the FCFS baseline; {DEFAULT_STACKS[1]} changes only the "
+                          "replica's queue order (priority = tier)")
+            _compare(console, cfgs, executor, out, steady_state, drop_fraction, seeds, metrics=MAIN_JOB_METRICS)
+            return
+        cfg = scenario_from_options(config, options)
         if steady_state or seeds > 1:
             from tierserve.experiments.capacity import run_seeds
             frac = _drop_fraction(steady_state, drop_fraction)
@@ -136,33 +150,9 @@ def register(app: typer.Typer, console: Console) -> None:
     ) -> None:
         """Run several policy stacks on the same workload and print them side by side, with each stack's
         queue-stability verdict."""
-        from tierserve.experiments.capacity import run_seed_job, run_seeds_many
-        from tierserve.experiments.sweep import run_many
-        from tierserve.report import render_comparison
-        cfgs = {}
-        for stack in [s.strip() for s in stacks.split(",") if s.strip()]:
-            local, _, glob = stack.partition("+")
-            if not glob:
-                raise ConfigError("--stacks", stack, "LOCAL+CLUSTER, e.g. vllm+round_robin")
-            cfgs[stack] = scenario_from_options(config, dict(local_policy=local, cluster_policy=glob, replicas=replicas,
-                                                             rate=rate, num_requests=num_requests, seed=seed))
-        first = next(iter(cfgs.values()))
-        frac = _drop_fraction(steady_state, drop_fraction)
-        if steady_state or seeds > 1:
-            labelled = {stack.replace("+", "__"): c for stack, c in cfgs.items()}
-            res = run_seeds_many(labelled, _seed_list(first.seed, seeds), frac, executor=executor, outdir=out)
-            _print_seeds(console, {stack: res[label] for stack, label in zip(cfgs, labelled)}, frac)
-            if out:
-                console.print(f"wrote each stack's seed<N>/ outputs and seeds.json under {out}/")
-            return
-        jobs = [{"cfg": c.model_dump(mode="json"), "seed": c.seed, "drop_fraction": 0.0,
-                 "outdir": str(Path(out) / stack.replace("+", "__")) if out else None} for stack, c in cfgs.items()]
-        runs = dict(zip(cfgs, run_many(run_seed_job, jobs, executor=executor, description="stacks")))
-        render_comparison({stack: r.summary for stack, r in runs.items()}, console=console)
-        for stack, r in runs.items():
-            console.print(f"[bold]{stack}[/] queue: {_colour(r.verdict_line())}")
-        if out:
-            console.print(f"wrote each stack's requests.csv and summary.json under {out}/")
+        names = [s.strip() for s in stacks.split(",") if s.strip()]
+        cfgs = _stack_configs(config, names, dict(replicas=replicas, rate=rate, num_requests=num_requests, seed=seed))
+        _compare(console, cfgs, executor, out, steady_state, drop_fraction, seeds)
 
     @app.command()
     def policies() -> None:
@@ -171,6 +161,48 @@ def register(app: typer.Typer, console: Console) -> None:
         from tierserve.policies.local import LOCAL_POLICIES
         console.print("local (replica): " + ", ".join(LOCAL_POLICIES.names))
         console.print("cluster (global): " + ", ".join(CLUSTER_POLICIES.names))
+
+
+def _stack_configs(config: Optional[Path], stacks, options: dict[str, Any]) -> dict[str, ScenarioConfig]:
+    """One scenario per LOCAL+CLUSTER stack, the same workload and seed for all."""
+    if not stacks:
+        raise ConfigError("--stacks", "", "at least one LOCAL+CLUSTER stack, e.g. vllm+round_robin")
+    cfgs = {}
+    for stack in stacks:
+        local, _, glob = stack.partition("+")
+        if not local or not glob:
+            raise ConfigError("--stacks", stack, "LOCAL+CLUSTER, e.g. vllm+round_robin")
+        cfgs[stack] = scenario_from_options(config, {**options, "local_policy": local, "cluster_policy": glob})
+    return cfgs
+
+
+def _compare(console: Console, cfgs: Mapping[str, ScenarioConfig], executor: str, out: Optional[Path],
+             steady_state: bool, drop_fraction: float, seeds: int, metrics: Sequence[str] | None = None) -> None:
+    """Run each stack (over seeds when asked) and print them side by side with their stability verdicts."""
+    from tierserve.experiments.capacity import run_seed_job, run_seeds_many
+    from tierserve.experiments.sweep import run_many
+    from tierserve.report import render_comparison
+    first = next(iter(cfgs.values()))
+    frac = _drop_fraction(steady_state, drop_fraction)
+    if steady_state or seeds > 1:
+        labelled = {stack.replace("+", "__"): c for stack, c in cfgs.items()}
+        res = run_seeds_many(labelled, _seed_list(first.seed, seeds), frac, executor=executor, outdir=out)
+        _print_seeds(console, {stack: res[label] for stack, label in zip(cfgs, labelled)}, frac)
+        if out:
+            console.print(f"wrote each stack's seed<N>/ outputs and seeds.json under {out}/")
+        return
+    jobs = [{"cfg": c.model_dump(mode="json"), "seed": c.seed, "drop_fraction": 0.0,
+             "outdir": str(Path(out) / stack.replace("+", "__")) if out else None} for stack, c in cfgs.items()]
+    runs = dict(zip(cfgs, run_many(run_seed_job, jobs, executor=executor, description="stacks")))
+    summaries = {stack: r.summary for stack, r in runs.items()}
+    if metrics:
+        render_comparison(summaries, metrics=metrics, console=console)
+    else:
+        render_comparison(summaries, console=console)
+    for stack, r in runs.items():
+        console.print(f"[bold]{stack}[/] queue: {_colour(r.verdict_line())}")
+    if out:
+        console.print(f"wrote each stack's requests.csv and summary.json under {out}/")
 
 
 def _seed_list(first: int, n: int) -> list[int]:

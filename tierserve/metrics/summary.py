@@ -59,6 +59,7 @@ class TierSummary:
     finished: int = 0
     rejected: int = 0
     censored: int = 0
+    relegated: int = 0                        # finished after a policy relegated them (counted in finished)
     ttft: LatencyStats = field(default_factory=LatencyStats)
     tbt: LatencyStats = field(default_factory=LatencyStats)
     tpot: LatencyStats = field(default_factory=LatencyStats)
@@ -196,6 +197,7 @@ def summarize_tier(table: RequestTable, tbt: TokenTBT, duration_s: float, name: 
     return TierSummary(
         name=name, tier=tier, total=n, finished=int(fin.sum()),
         rejected=int(table.rejected.sum()), censored=int(table.censored.sum()),
+        relegated=int(table.relegated.sum()),
         ttft=latency_stats(table.ttft_s[fin]),
         tbt=tbt.stats(),
         tpot=latency_stats(table.tpot_s[fin]),
