@@ -26,6 +26,15 @@ def _register_optional() -> None:
         from tierserve.cli.ktier_cmds import reproduce_app
     except ImportError:
         return
+    import importlib
+    for name in ("uniboost_cmds", "niyama_cmds"):        # each seed's reproduction adds its command
+        try:
+            module = importlib.import_module(f"tierserve.cli.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"tierserve.cli.{name}":
+                raise
+            continue
+        module.register(reproduce_app)
     app.add_typer(reproduce_app, name="reproduce", help="One-command reproductions of the seeds' tables.")
 
 
