@@ -3,7 +3,8 @@
 
 Like for like: Vidur's predicted_ms covers all layers and excludes the LM head, sampling and CPU overheads,
 and uses its profiled KV-cache write, so the model is built in the `vidur_parity` mode (no LM head, no
-overhead, Vidur's KV write). Also prints held-out fit errors.
+overhead, Vidur's KV-write model: profile rows pooled by token count, looked up at the batch's total tokens).
+Also prints held-out fit errors.
 """
 from __future__ import annotations
 
@@ -41,9 +42,9 @@ def compare() -> list[dict]:
 def explain(row: dict) -> str:
     """Why a shape differs by more than EXPLAIN_ABOVE_PCT."""
     if row["p"] and row["kv_save_ms"] > 0.01 * row["p"]:
-        return ("Vidur predicts KV-cache writes from max(chunk, batch) with one model trained on prefill and "
-                f"decode rows together ({row['kv_save_ms']:.1f} ms here); tierserve fits prefill KV writes "
-                "from the prefill rows alone, so it does not follow Vidur's jump between 512 and 1024 tokens")
+        return (f"Vidur's KV write is {row['kv_save_ms']:.1f} ms here; tierserve follows the same pooled curve "
+                "(nearest profiled count of the batch's total tokens), where Vidur's forest may average "
+                "neighbouring counts differently. Vidur row note: " + row["notes"])
     return "Vidur row note: " + row["notes"]
 
 

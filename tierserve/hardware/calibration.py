@@ -234,7 +234,10 @@ class AttentionFit:
     """Per-layer attention costs of one geometry (ms), from an attention profile.
 
     prefill = p0 + p_tok·chunk + p_pair·pairs; decode = d0 + d_req·B + d_ctx·Σctx;
-    KV write = piecewise-linear in prefill tokens (knots) + save_req·B for decodes.
+    KV write = piecewise-linear in prefill tokens (knots) + save_req·B for decodes, with the decode write's fixed
+    part (save_d0) folded into d0. Vidur's own KV-write predictor is kept as well: `pooled_save_tokens/_ms`, the
+    mean of `attn_kv_cache_save` over all rows (decode and prefill) at each num_tokens = max(chunk, batch size),
+    which is what its random forest on that one feature predicts (see `pooled_kv_save`).
     """
 
     p0: float
@@ -246,6 +249,9 @@ class AttentionFit:
     save_knots: tuple[float, ...] = ()
     save_ms: tuple[float, ...] = ()
     save_req: float = 0.0
+    save_d0: float = 0.0
+    pooled_save_tokens: tuple[float, ...] = ()
+    pooled_save_ms: tuple[float, ...] = ()
     # reference geometry + GPU, so the terms can be rescaled to other models/GPUs
     ref_model: str = ""
     ref_gpu: str = ""
@@ -271,6 +277,19 @@ def _hat_basis(x: np.ndarray, knots: tuple[float, ...]) -> np.ndarray:
         out[last, -1] = 1.0 + slope
         out[last, -2] = -slope
     return out
+
+
+def pooled_kv_save(tokens: np.ndarray, ms: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(token counts, mean ms) of KV-write rows pooled by token count, as Vidur's `attn_kv_cache_save` model sees
+    them: one random forest on num_tokens = max(prefill_chunk_size, batch_size) over decode and prefill rows
+    together. A forest of deep trees on one feature predicts the mean of the rows at a profiled count, and the
+    nearest profiled count's mean elsewhere (its splits sit midway between counts), so the rows are averaged per
+    count and nothing is fitted. Up to 512 tokens decode rows (~0.004 ms) and prefill rows (0.152 ms at 512) share
+    counts, which pulls the mean far below the prefill rows'; past 512 only prefill rows exist."""
+    ok = np.isfinite(tokens) & np.isfinite(ms) & (tokens > 0)
+    counts, inv = np.unique(tokens[ok], return_inverse=True)
+    means = np.bincount(inv, weights=ms[ok]) / np.bincount(inv)
+    return tuple(float(c) for c in counts), tuple(round(float(v), 9) for v in means)
 
 
 def fit_attention_profile(path: str | Path, model: ModelSpec | str, gpu: GPUSpec | str
@@ -339,6 +358,8 @@ def fit_attention_profile(path: str | Path, model: ModelSpec | str, gpu: GPUSpec
         # the decode write's fixed part is one kernel shared with the decode-attention call
         fit.save_req = sfit.b_ms
         fit.d0 += sfit.a_ms
+        fit.save_d0 = sfit.a_ms
+        fit.pooled_save_tokens, fit.pooled_save_ms = pooled_kv_save(np.maximum(chunk, bs), t_save)
     return fit, reports
 
 
@@ -430,6 +451,8 @@ def attention_from_json(d: dict[str, Any]) -> AttentionFit:
     d = dict(d)
     d["save_knots"] = tuple(d.get("save_knots", ()))
     d["save_ms"] = tuple(d.get("save_ms", ()))
+    d["pooled_save_tokens"] = tuple(d.get("pooled_save_tokens", ()))
+    d["pooled_save_ms"] = tuple(d.get("pooled_save_ms", ()))
     return AttentionFit(**d)
 
 

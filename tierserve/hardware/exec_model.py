@@ -2,9 +2,10 @@
 
 t(P, pairs, B, C) = tok[P+B] + pre[P] + pair·pairs + dec[B] + ctx·C, where
   tok[T]  = layers·(GEMMs(T) + elementwise(T) + 2 all-reduces of T·hidden·dtype bytes) + overhead (+LM-head fixed part)
-  pre[P]  = layers·(prefill-attention launch + per-token Q/O traffic + KV writes of P tokens)
+            (+ layers·KV write of T tokens in vidur_parity mode, see below)
+  pre[P]  = layers·(prefill-attention launch + per-token Q/O traffic (+ KV writes of P tokens in physical mode))
   pair    = layers·seconds per causal (query, key) pair, pairs = Σ chunk·(context_before + chunk/2)
-  dec[B]  = layers·(decode-attention launch + per-request cost + KV write of B tokens)
+  dec[B]  = layers·(decode-attention launch + per-request cost (+ KV write of B tokens in physical mode))
   ctx     = layers·seconds per context token read by a decode (KV bytes / effective HBM bandwidth)
 Tables hold every integer token count up to TABLE_TOKENS, so a scalar call is a few list lookups; past the
 end they extrapolate linearly (compute-bound GEMMs are linear in tokens). t is exactly linear in C.
@@ -12,13 +13,19 @@ end they extrapolate linearly (compute-bound GEMMs are linear in tokens). t is e
 Two modes (`make_execution_model(mode=...)`):
   physical      KV-cache writes cost bytes / (HBM·eff) + a launch, the LM head is included and every non-empty
                 iteration pays a per-iteration CPU/scheduling overhead (default DEFAULT_ITERATION_OVERHEAD_MS).
-  vidur_parity  Vidur's predictor as profiled: KV writes follow its `attn_kv_cache_save` profile (0.28-0.57 µs
-                per token-layer, FlashInfer's pre-Nov-2024 `append_paged_kv_cache`, fixed in its PRs #583/#588),
-                no LM head, no overhead — for comparisons with Vidur only.
+  vidur_parity  Vidur's predictor as profiled: the KV write is its `attn_kv_cache_save` model (FlashInfer's
+                pre-Nov-2024 `append_paged_kv_cache`, fixed in its PRs #583/#588) as Vidur evaluates it: one
+                random forest on num_tokens = max(prefill chunk, batch size) over decode and prefill rows
+                together, queried with the batch's total tokens P + B. So the write is a function of P + B only
+                (in tok[]): the mean profiled write at the nearest profiled count — about 1.7 ms at 512 tokens
+                where prefill rows alone give 4.9 ms, decode-like ~0.1 ms at counts with no prefill row (e.g.
+                500), prefill rows alone past 512 (0.5 µs per token-layer). No LM head, no overhead — for
+                comparisons with Vidur only. Time is then not monotone in P everywhere (500 tokens can cost less
+                than 480), as in Vidur.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Sequence
 
@@ -87,12 +94,23 @@ class ExecutionTimeModel:
     """Iteration time in seconds of the whole model (all layers) for one batch shape."""
 
     def __init__(self, name: str, token_s: np.ndarray, prefill_s: np.ndarray, decode_s: np.ndarray,
-                 pair_coef_s: float, decode_context_coef_s: float, notes: Sequence[str] = ()) -> None:
-        for label, arr in (("token_s", token_s), ("prefill_s", prefill_s), ("decode_s", decode_s)):
+                 pair_coef_s: float, decode_context_coef_s: float, notes: Sequence[str] = (),
+                 kv_write_s: np.ndarray | None = None) -> None:
+        """kv_write_s: KV-write seconds by the batch's total tokens P + B (Vidur's pooled curve), added to
+        token_s; kept apart only so `breakdown` can report it."""
+        tables = [("token_s", token_s), ("prefill_s", prefill_s), ("decode_s", decode_s)]
+        if kv_write_s is not None:
+            tables.append(("kv_write_s", kv_write_s))
+        for label, arr in tables:
             if len(arr) < 66 or arr[0] != 0.0:
                 raise ConfigError(label, len(arr), "a table of ≥ 66 entries starting at 0.0")
         self.name = name
         self.notes = tuple(notes)
+        self._kvw = None if kv_write_s is None else _Table(kv_write_s)
+        if kv_write_s is not None:
+            if len(kv_write_s) != len(token_s):
+                raise ConfigError("kv_write_s", len(kv_write_s), f"a table as long as token_s ({len(token_s)})")
+            token_s = np.asarray(token_s, dtype=float) + np.asarray(kv_write_s, dtype=float)
         self._tok = _Table(token_s)
         self._pre = _Table(prefill_s)
         self._dec = _Table(decode_s)
@@ -130,7 +148,9 @@ class ExecutionTimeModel:
 
     def max_prefill_tokens_within(self, slack_s: float, decode_count: int, decode_context_sum: int,
                                   prefill_context: int = 0, lo: int = 0, hi: int = 8192) -> int:
-        """Largest prefill chunk p in [lo, hi] whose iteration fits in `slack_s` (time is monotone in p).
+        """Largest prefill chunk p in [lo, hi] whose iteration fits in `slack_s` (bisection: time is monotone in p,
+        except in vidur_parity mode, where Vidur's pooled KV-write curve dips by up to ~2 ms between profiled
+        counts; there the chunk found always fits but may not be the largest that does).
 
         Returns `lo` when even `lo` does not fit (0 = run no prefill this iteration).
         """
@@ -154,8 +174,10 @@ class ExecutionTimeModel:
                   decode_context_sum: int) -> dict[str, float]:
         """Seconds by term, for reports (same sum as iteration_time)."""
         p, b = prefill_tokens, decode_count
+        kvw = self._kvw(p + b) if self._kvw is not None and p + b else 0.0
         return {
-            "token_linear": self._tok(p + b) if p + b else 0.0,
+            "token_linear": self._tok(p + b) - kvw if p + b else 0.0,
+            "kv_write": kvw,
             "prefill_fixed": self._pre(p) if p else 0.0,
             "prefill_pairs": self.pair_coef_s * prefill_attn_pairs if p else 0.0,
             "decode_fixed": self._dec(b) if b else 0.0,
@@ -179,12 +201,24 @@ class AttentionTerms:
     save_knots: tuple[float, ...]
     save_ms: tuple[float, ...]
     save_req: float
+    save_d0: float = 0.0                       # the decode write's fixed part, folded into d0
+    pooled_knots: tuple[float, ...] = ()       # Vidur's pooled KV-write curve (vidur_parity; empty otherwise)
+    pooled_ms: tuple[float, ...] = ()
 
     def save_prefill_ms(self, tokens: np.ndarray) -> np.ndarray:
         k, v = np.asarray(self.save_knots), np.asarray(self.save_ms)
         out = np.interp(tokens, k, v)
         slope = (v[-1] - v[-2]) / (k[-1] - k[-2])
         return np.where(tokens > k[-1], v[-1] + slope * (tokens - k[-1]), out)
+
+    def save_pooled_ms(self, tokens: np.ndarray) -> np.ndarray:
+        """Vidur's KV write of a batch of `tokens` total tokens: the pooled mean at the nearest profiled count
+        (ties to the smaller, as a tree split `x <= midpoint` sends them), linear past the last count."""
+        k, v = np.asarray(self.pooled_knots), np.asarray(self.pooled_ms)
+        t = np.asarray(tokens, dtype=float)
+        out = v[np.searchsorted((k[:-1] + k[1:]) * 0.5, t, side="left")]
+        slope = (v[-1] - v[-2]) / (k[-1] - k[-2])
+        return np.where(t > k[-1], v[-1] + slope * (t - k[-1]), out)
 
 
 def roofline_attention(model: ModelSpec, gpu: GPUSpec, tp: int) -> AttentionTerms:
@@ -229,11 +263,13 @@ def rescale_attention(a: AttentionFit, model: ModelSpec, gpu: GPUSpec, tp: int) 
         # it is per-token overhead, not bytes, so it carries over per token, scaled by the GPU only.
         knots, save = a.save_knots, tuple(v * bw_ratio for v in a.save_ms)
         save_req = a.save_req * bw_ratio
+        pooled_knots, pooled = a.pooled_save_tokens, tuple(v * bw_ratio for v in a.pooled_save_ms)
     else:
         rf = roofline_attention(model, gpu, tp)
         knots, save, save_req = rf.save_knots, rf.save_ms, rf.save_req
+        pooled_knots, pooled = (), ()
     return AttentionTerms(a.p0, a.p_tok * q_ratio, p_pair, a.d0, a.d_req * q_ratio, a.d_ctx * kv_ratio,
-                          knots, save, save_req)
+                          knots, save, save_req, a.save_d0, pooled_knots, pooled)
 
 
 def default_allreduce_ms(gpu: GPUSpec, tp: int, nbytes: np.ndarray) -> np.ndarray:
@@ -270,11 +306,15 @@ class _LayerCostBuilder:
             self.notes.append("roofline defaults (uncalibrated)")
         if kv_write == "physical":
             knots, save, per_tok = physical_kv_write(model, gpu, tp)
-            a = self.attn
-            self.attn = AttentionTerms(a.p0, a.p_tok, a.p_pair, a.d0, a.d_req, a.d_ctx, knots, save, per_tok)
+            self.attn = replace(self.attn, save_knots=knots, save_ms=save, save_req=per_tok,
+                                pooled_knots=(), pooled_ms=())
             self.notes.append("KV write: HBM-bound (bytes / bandwidth + launch)")
+        elif self.attn.pooled_knots:
+            self.notes.append("KV write: Vidur's attn_kv_cache_save model (rows pooled by max(chunk, batch), "
+                              "nearest profiled count of the batch's total tokens)")
         elif store is not None and self.attn.save_knots != roofline_attention(model, gpu, tp).save_knots:
-            self.notes.append("KV write: Vidur attn_kv_cache_save profile")
+            self.notes.append("KV write: prefill-row attn_kv_cache_save fit (coefficients without Vidur's pooled "
+                              "curve; refit with scripts/fit_exec_model.py)")
 
     def linear_ms(self, tokens: np.ndarray) -> np.ndarray:
         out = np.zeros_like(tokens, dtype=float)
@@ -299,7 +339,9 @@ class _LayerCostBuilder:
 
 
 def _with_save(a: AttentionTerms, ref: AttentionTerms) -> AttentionTerms:
-    return AttentionTerms(a.p0, a.p_tok, a.p_pair, a.d0, a.d_req, a.d_ctx, ref.save_knots, ref.save_ms, ref.save_req)
+    """`a` with the reference's KV-write terms (a's own d0 holds no decode-write part: save_d0 stays a's)."""
+    return replace(a, save_knots=ref.save_knots, save_ms=ref.save_ms, save_req=ref.save_req,
+                   pooled_knots=ref.pooled_knots, pooled_ms=ref.pooled_ms)
 
 
 def _assemble(name: str, b: _LayerCostBuilder, include_lm_head: bool, overhead_s: float,
@@ -309,8 +351,15 @@ def _assemble(name: str, b: _LayerCostBuilder, include_lm_head: bool, overhead_s
     a = b.attn
     nz = n > 0
     tok = np.where(nz, b.linear_ms(n) * layers * 1e-3 + overhead_s, 0.0)
-    pre = np.where(nz, (a.p0 + a.p_tok * n + a.save_prefill_ms(n)) * layers * 1e-3, 0.0)
-    dec = np.where(nz, (a.d0 + (a.d_req + a.save_req) * n) * layers * 1e-3, 0.0)
+    kvw = None
+    if a.pooled_knots:
+        # Vidur's KV write: by the batch's total tokens (in tok[P+B]), none in the prefill or per-decode terms
+        kvw = np.where(nz, a.save_pooled_ms(n) * layers * 1e-3, 0.0)
+        pre = np.where(nz, (a.p0 + a.p_tok * n) * layers * 1e-3, 0.0)
+        dec = np.where(nz, (a.d0 - a.save_d0 + a.d_req * n) * layers * 1e-3, 0.0)
+    else:
+        pre = np.where(nz, (a.p0 + a.p_tok * n + a.save_prefill_ms(n)) * layers * 1e-3, 0.0)
+        dec = np.where(nz, (a.d0 + (a.d_req + a.save_req) * n) * layers * 1e-3, 0.0)
     if per_seq is not None:   # the engine's own cost of n decode sequences (fitted), on top of the roofline
         dec = dec + per_seq
     notes = list(b.notes)
@@ -322,7 +371,8 @@ def _assemble(name: str, b: _LayerCostBuilder, include_lm_head: bool, overhead_s
         pre = pre + np.where(nz, per_tok * 1e-3, 0.0)      # one sampled token per prefill (chunk end)
         dec = dec + per_tok * 1e-3 * n
         notes.append("LM head included (roofline)")
-    return ExecutionTimeModel(name, tok, pre, dec, a.p_pair * layers * 1e-3, a.d_ctx * layers * 1e-3, notes)
+    return ExecutionTimeModel(name, tok, pre, dec, a.p_pair * layers * 1e-3, a.d_ctx * layers * 1e-3, notes,
+                              kv_write_s=kvw)
 
 
 @lru_cache(maxsize=64)
