@@ -1,110 +1,320 @@
-"""Simulator speed and memory: simulated requests per wall-second and peak RSS, side by side with Vidur.
+"""Simulator speed and memory: tierserve against Vidur on Vidur's own reference scenarios, and per-stack scaling.
 
-    python benchmarks/sim_speed.py [--sizes 10000,50000] [--scaling] [--big]
+    python benchmarks/sim_speed.py [--repeats 3] [--sizes 1000,10000,50000] [--no-scaling]
+                                   [--scale-sizes 10000,50000] [--big] [--replicas-sweep] [--stacks a,b]
 
-Scenario: Vidur's reference (Llama-3-8B, A100, TP1, 1 replica, Poisson 4 req/s, splitwise_conv lengths
-clipped to 4,096 tokens, `vllm_v0`, token budget 4096, batch cap 128). Each size runs in a fresh process
-so its peak RSS is its own. With `VIDUR_PYTHON=/path/to/vidur/python` (a Python whose environment has
-Vidur installed, run from Vidur's checkout given by `VIDUR_DIR`), Vidur runs the same scenario in the same
-benchmark and the ratios are measured; without it, Vidur's recorded figures on this machine class
-(../shared/data/vidur/reference_runs) are printed for reference and labelled as such.
+What is timed. Every tierserve run is a fresh `python` process, timed **whole** from the parent — interpreter
+start, imports, reading the requests, the event loop and writing `requests.csv` + `summary.json` +
+`summary_by_tier.csv` — and its CPU seconds (user + sys) and peak RSS come from `wait4`. The child also
+reports its event loop alone (`simulate()`), printed beside it, never mixed into a ratio.
+
+Vidur comparison (section 1). Scenario = Vidur's reference runs (`../shared/data/vidur/reference_runs/*`:
+Llama-3-8B, A100, TP1, one replica, Poisson 4 req/s, splitwise_conv lengths ≤ 4,096 tokens; Vidur `vllm` →
+tierserve `vllm_v0`, token budget 4,096; `sarathi` chunk 512; batch cap 128, KV block 16, watermark 1%; the
+execution model in `vidur_parity` mode), with the **same requests** (`read_vidur_run`).
+  * With `VIDUR_PYTHON` (a Python with Vidur importable) and `VIDUR_DIR` (its checkout, run as cwd), Vidur
+    runs the scenario built from each reference run's `config.json` (scheduler, seed, qps, trace, caps), A B
+    A B interleaved with tierserve, `--repeats` times; both sides are whole processes timed the same way and
+    the ratios are of medians. Sizes without a reference run (50k) replay the requests Vidur itself drew in
+    that run (its `request_metrics.csv` + arrival series), so both sides simulate the same requests.
+  * Without them, Vidur's **recorded** figures are printed, labelled as such: `summary.csv` (whole-process
+    `wall_s`, `peak_rss_mb`) for 1k/10k and the reference README's 50k range. Those were measured on another
+    day on a loaded machine (the README says not to divide by them), so the ratios are indicative only. The
+    50k tierserve run then replays the 10k reference requests five times, shifted in time (same
+    distribution and rate; not Vidur's 50k draw).
+
+Scaling (section 2): every registered cluster policy with a local policy it is meant for (llumnix* with
+`llumlet`), Poisson 4 req/s per replica (the reference load), 3 tiers, `azure2023_conv` lengths; seconds per
+request and µs per event at each size (10k and 50k by default; `--big` adds 1M) and each replica count
+(`--replicas-sweep`: 1…64 at 10k requests per replica, 64 opt-in with `--big`). The check: time per
+request at the largest size within 1.5× of 10k, per stack. Cluster policies that need parameters (e.g.
+`silo`) are listed and skipped.
+
+The machine is shared: timings are noisy. Read medians of interleaved repeats, and the event counts (exact).
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
-import resource
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
-# Vidur's recorded figures on a 2-core machine (reference_runs/summary.csv `sim_req_per_wall_s`, i.e. its
-# event loop alone, and README.md for 50k): simulated req/s, peak RSS MB. Conservative: excludes its init.
-VIDUR_RECORDED = {
-    10000: (549.5, 790.5),
-    50000: (540.0, 2150.0),
-}
+HERE = Path(__file__).resolve()
+SCENARIOS = {"vllm": ("vllm_v0", 4096), "sarathi": ("sarathi", 512)}
+# Vidur's README (reference_runs/README.md, "Timing"): 50k requests, whole process, on a loaded 2-core machine.
+VIDUR_RECORDED_50K = {"wall_s": (213.0, 233.0), "peak_rss_mb": (2200.0, 2300.0)}
+SCALING_STACKS = [("vllm", "round_robin"), ("vllm", "random"), ("vllm", "jsq"), ("vllm", "infaas"),
+                  ("vllm_v0", "round_robin"), ("sarathi", "round_robin"), ("llumlet", "llumnix"),
+                  ("llumlet", "llumnix_k"), ("llumlet", "llumnix_k_adaptive")]
 
 
-def one_run(n: int, replicas: int, policy: str) -> dict:
+def reference_dir(kind: str, n: int) -> Path | None:
+    from tierserve.core.paths import shared_data
+    d = shared_data() / "vidur" / "reference_runs" / f"l3_{kind}_poisson_qps4_n{n}"
+    return d if d.is_dir() else None
+
+
+# ----- children: one run each, in a fresh process -----
+def child_vidur_scenario(kind: str, n: int, requests_dir: str, outdir: str) -> dict:
+    t_import = time.perf_counter()
+    from tierserve.metrics import RequestTable, summarize
+    from tierserve.metrics.io import write_outputs
+    from tierserve.experiments.scenario import token_tbt
+    from tierserve.core import TierSet
+    from tierserve.sim import ClusterConfig, simulate
+    from tierserve.workload import read_vidur_run
+    t0 = time.perf_counter()
+    requests = read_vidur_run(requests_dir)
+    if len(requests) < n:           # no reference run of this size: the requests repeated, shifted in time
+        from tierserve.core import Request
+        span = requests[-1].arrival_s + 1.0 / 4.0
+        base = requests
+        requests = [Request(i, base[i % len(base)].arrival_s + span * (i // len(base)),
+                            base[i % len(base)].prompt_tokens, base[i % len(base)].output_tokens)
+                    for i in range(n)]
+    local, budget = SCENARIOS[kind]
+    cfg = ClusterConfig(num_replicas=1, local_policy=local, cluster_policy="round_robin",
+                        replica={"model": "Llama-3-8B", "gpu": "A100-80GB", "tp": 1, "exec_mode": "vidur_parity",
+                                 "token_budget": budget, "max_num_seqs": 128, "block_size": 16,
+                                 "watermark_fraction": 0.01, "gpu_memory_utilization": 0.9})
+    t1 = time.perf_counter()
+    sim = simulate(cfg, requests)
+    t2 = time.perf_counter()
+    table = RequestTable.from_states(sim.states, sim.reasons)
+    summary = summarize(table, token_tbt(sim), sim.duration_s, TierSet.default(1),
+                        {k: v for k, v in sim.stats.items() if k != "wall_s"})
+    write_outputs(outdir, table, summary, cfg.model_dump(mode="json"))
+    t3 = time.perf_counter()
+    return {"n": len(requests), "events": sim.stats["events"], "loop_s": t2 - t1, "read_s": t1 - t0,
+            "import_s": t0 - t_import, "write_s": t3 - t2}
+
+
+def child_stack(local: str, cluster: str, n: int, replicas: int) -> dict:
     from tierserve.sim import ClusterConfig, simulate
     from tierserve.workload import WorkloadConfig, build_requests
     wl = WorkloadConfig.from_dict({
         "num_requests": n, "seed": 42, "arrivals": {"kind": "poisson", "rate": 4.0 * replicas},
         "lengths": {"kind": "empirical", "dataset": "azure2023_conv", "max_total_tokens": 4096},
-        "tiers": {"num_tiers": 1, "mix": "uniform"}})
+        "tiers": {"num_tiers": 3, "mix": "uniform"}})
     requests = build_requests(wl)
-    cfg = ClusterConfig(num_replicas=replicas, local_policy=policy,
-                        cluster_policy="round_robin",
-                        replica={"token_budget": 4096, "max_num_seqs": 128, "watermark_fraction": 0.01})
+    cfg = ClusterConfig(num_replicas=replicas, local_policy=local, cluster_policy=cluster,
+                        cluster_policy_params={"num_tiers": 3} if cluster.startswith("llumnix") else {})
     t0 = time.perf_counter()
-    res = simulate(cfg, requests)
+    c0 = time.process_time()
+    res = simulate(cfg, requests, 3)
+    return {"n": n, "events": res.stats["events"], "loop_s": time.perf_counter() - t0,
+            "loop_cpu_s": time.process_time() - c0}
+
+
+def run_child(args: list[str]) -> dict:
+    """Run this file as a child: whole-process wall from here; its CPU (user + sys since start, imports
+    included) and peak RSS from its own getrusage at exit."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, str(HERE), "--child", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate()
     wall = time.perf_counter() - t0
-    return {"n": n, "replicas": replicas, "policy": policy, "wall_s": wall, "req_per_s": n / wall,
-            "iterations": res.stats["iterations"], "events": res.stats["events"],
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if proc.returncode != 0:
+        raise RuntimeError(f"child {args} failed:\n{err}")
+    rec = json.loads(out.strip().splitlines()[-1])
+    rec["wall_s"] = wall
+    rec["cpu_s"] = rec.pop("_cpu_s")
+    rec["peak_rss_mb"] = rec.pop("_rss_mb")
+    return rec
 
 
-def in_subprocess(n: int, replicas: int, policy: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", f"{n},{replicas},{policy}"],
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def run_measured(cmd: list[str], cwd: str | None = None) -> dict:
+    """Whole-process wall, CPU (user + sys) and peak RSS of any command."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, ru = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    if status != 0:
+        raise RuntimeError(f"{cmd[:3]}… failed (status {status}):\n{err[-2000:]}")
+    return {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime, "peak_rss_mb": ru.ru_maxrss / 1024}
 
 
-def vidur_live(n: int) -> tuple[float, float] | None:
-    py, vdir = os.environ.get("VIDUR_PYTHON"), os.environ.get("VIDUR_DIR")
-    if not py or not vdir:
+# ----- Vidur -----
+def vidur_command(py: str, config: dict, n: int, outdir: str) -> list[str]:
+    """Vidur's CLI for a reference run's config.json (microsoft/vidur flag names)."""
+    cl = config["cluster_config"]
+    rep, sch = cl["replica_config"], cl["replica_scheduler_config"]
+    gen = config["request_generator_config"]
+    lg, ig = gen["length_generator_config"], gen["interval_generator_config"]
+    pred = config["execution_time_predictor_config"]
+    kind = sch["name"]
+    cmd = [py, "-m", "vidur.main", "--seed", str(config["seed"]),
+           "--replica_config_model_name", rep["model_name"], "--replica_config_device", rep["device"],
+           "--replica_config_network_device", rep["network_device"],
+           "--replica_config_tensor_parallel_size", str(rep["tensor_parallel_size"]),
+           "--replica_config_num_pipeline_stages", str(rep["num_pipeline_stages"]),
+           "--replica_config_memory_margin_fraction", str(rep["memory_margin_fraction"]),
+           "--cluster_config_num_replicas", str(cl["num_replicas"]),
+           "--global_scheduler_config_type", cl["global_scheduler_config"]["name"],
+           "--replica_scheduler_config_type", kind,
+           f"--{kind}_scheduler_config_batch_size_cap", str(sch["batch_size_cap"]),
+           f"--{kind}_scheduler_config_block_size", str(sch["block_size"]),
+           f"--{kind}_scheduler_config_watermark_blocks_fraction", str(sch["watermark_blocks_fraction"]),
+           "--request_generator_config_type", gen["name"],
+           "--synthetic_request_generator_config_num_requests", str(n),
+           "--synthetic_request_generator_config_seed", str(gen["seed"]),
+           "--synthetic_request_generator_config_max_tokens", str(gen["max_tokens"]),
+           "--length_generator_config_type", lg["name"],
+           "--trace_request_length_generator_config_trace_file", lg["trace_file"],
+           "--trace_request_length_generator_config_max_tokens", str(lg["max_tokens"]),
+           "--trace_request_length_generator_config_seed", str(lg["seed"]),
+           "--interval_generator_config_type", ig["name"],
+           "--poisson_request_interval_generator_config_qps", str(ig["qps"]),
+           "--poisson_request_interval_generator_config_seed", str(ig["seed"]),
+           "--metrics_config_output_dir", outdir]
+    if "chunk_size" in sch and kind == "sarathi":
+        cmd += ["--sarathi_scheduler_config_chunk_size", str(sch["chunk_size"])]
+    if "max_tokens_in_batch" in sch and sch["max_tokens_in_batch"]:
+        cmd += [f"--{kind}_scheduler_config_max_tokens_in_batch", str(sch["max_tokens_in_batch"])]
+    if pred.get("skip_cpu_overhead_modeling"):
+        cmd += ["--random_forrest_execution_time_predictor_config_skip_cpu_overhead_modeling"]
+    return cmd
+
+
+def vidur_output_run(outdir: Path) -> Path | None:
+    """The folder of Vidur's output that holds request_metrics.csv (Vidur nests it under a timestamp)."""
+    hits = sorted(outdir.rglob("request_metrics.csv"))
+    return hits[-1].parent if hits else None
+
+
+def vidur_recorded(kind: str, n: int) -> dict | None:
+    d = reference_dir(kind, 1000)
+    if d is None:
         return None
-    cmd = [py, "-m", "vidur.main", "--replica_config_model_name", "meta-llama/Meta-Llama-3-8B",
-           "--request_generator_config_type", "synthetic", "--synthetic_request_generator_config_num_requests",
-           str(n), "--interval_generator_config_type", "poisson", "--poisson_request_interval_generator_config_qps",
-           "4", "--length_generator_config_type", "trace",
-           "--trace_request_length_generator_config_trace_file", "./data/processed_traces/splitwise_conv.csv",
-           "--replica_scheduler_config_type", "vllm", "--vllm_scheduler_config_batch_size_cap", "128"]
-    t0 = time.perf_counter()
-    proc = subprocess.run(["/usr/bin/time", "-f", "%M", *cmd], cwd=vdir, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    rss_kb = float(proc.stderr.strip().splitlines()[-1]) if proc.returncode == 0 else float("nan")
-    return wall, rss_kb / 1024
+    with open(d.parent / "summary.csv") as f:
+        for row in csv.DictReader(f):
+            if row["run"] == f"l3_{kind}_poisson_qps4_n{n}":
+                return {"wall_s": float(row["wall_s"]), "peak_rss_mb": float(row["peak_rss_mb"]),
+                        "loop_s": float(row["event_loop_s"]), "events": int(row["events_processed"])}
+    if n == 50000:
+        return {"wall_s": statistics.mean(VIDUR_RECORDED_50K["wall_s"]),
+                "peak_rss_mb": statistics.mean(VIDUR_RECORDED_50K["peak_rss_mb"]), "loop_s": float("nan"),
+                "events": None, "range": True}
+    return None
+
+
+def compare_with_vidur(sizes: list[int], repeats: int) -> None:
+    py, vdir = os.environ.get("VIDUR_PYTHON"), os.environ.get("VIDUR_DIR")
+    live = bool(py and vdir)
+    print("1. tierserve vs Vidur, Vidur's reference scenarios, same requests; whole process (import, read, "
+          "simulate, write outputs)")
+    print(f"   Vidur: {'MEASURED NOW, side by side, interleaved (VIDUR_PYTHON/VIDUR_DIR)' if live else 'RECORDED figures (reference_runs/summary.csv, README), not side by side'}")
+    hdr = (f"{'scenario':>8} {'requests':>8} | {'ts wall s':>9} {'ts cpu s':>8} {'ts loop s':>9} {'ts MB':>6} "
+           f"{'ev/req':>6} {'us/event':>8} | {'Vidur wall s':>12} {'Vidur MB':>8} | {'req/s ratio':>11} "
+           f"{'MB ratio':>8}")
+    print(hdr)
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in SCENARIOS:
+            for n in sizes:
+                ref = reference_dir(kind, n)
+                ours, theirs = [], []
+                req_dir = str(ref) if ref is not None else None
+                for r in range(repeats):
+                    if live:
+                        base_cfg = json.loads(((ref or reference_dir(kind, 10000)) / "config.json").read_text())
+                        vout = Path(tmp) / f"vidur_{kind}_{n}_{r}"
+                        theirs.append(run_measured(vidur_command(py, base_cfg, n, str(vout)), cwd=vdir))
+                        if req_dir is None:      # replay exactly the requests Vidur drew
+                            req_dir = str(vidur_output_run(vout))
+                    src = req_dir or str(reference_dir(kind, 10000))
+                    ours.append(run_child(["scenario", kind, str(n), src, str(Path(tmp) / f"ts_{kind}_{n}_{r}")]))
+                med = {k: statistics.median(o[k] for o in ours) for k in ("wall_s", "cpu_s", "loop_s", "peak_rss_mb")}
+                events = ours[0]["events"]
+                if live:
+                    v = {k: statistics.median(t[k] for t in theirs) for k in ("wall_s", "cpu_s", "peak_rss_mb")}
+                    ratio_basis = v["cpu_s"] / med["cpu_s"]      # simulated requests per CPU-second, both whole
+                else:
+                    v = vidur_recorded(kind, n)
+                    if v is None:
+                        print(f"{kind:>8} {n:>8} | no recorded Vidur figure for this size")
+                        continue
+                    ratio_basis = v["wall_s"] / med["wall_s"]    # recorded wall (loaded machine) vs ours
+                label = "" if live else " (recorded" + (", README range mid" if v.get("range") else "") + ")"
+                print(f"{kind:>8} {n:>8} | {med['wall_s']:>9.2f} {med['cpu_s']:>8.2f} {med['loop_s']:>9.2f} "
+                      f"{med['peak_rss_mb']:>6.0f} {events / n:>6.2f} {1e6 * med['loop_s'] / events:>8.1f} | "
+                      f"{v['wall_s']:>12.1f} {v['peak_rss_mb']:>8.0f} | {ratio_basis:>10.1f}x "
+                      f"{v['peak_rss_mb'] / med['peak_rss_mb']:>7.1f}x{label}")
+    basis = "CPU seconds, median of interleaved runs" if live else "recorded Vidur wall vs our median wall"
+    print(f"   ratio = Vidur / tierserve ({basis}); MB ratio = Vidur peak RSS / ours. 'loop' = simulate() alone.")
+    if not live:
+        print("   The 50k tierserve run replays the 10k reference requests 5x, shifted in time (not Vidur's 50k draw).")
+
+
+def scaling(stacks: list[tuple[str, str]], sizes: list[int], replica_counts: list[int]) -> bool:
+    from tierserve.policies.cluster import CLUSTER_POLICIES
+    names = {c for _, c in stacks}
+    skipped = [c for c in CLUSTER_POLICIES.names if c not in names]
+    print("\n2. Scaling per stack (whole process; Poisson 4 req/s per replica, 3 tiers, azure2023_conv lengths)")
+    if skipped:
+        print(f"   registered but not run (need parameters or not listed): {', '.join(skipped)}")
+    ok = True
+    print(f"   {'stack':>30} {'replicas':>8} {'requests':>9} {'wall s':>8} {'loop s':>8} {'us/req':>8} "
+          f"{'events':>9} {'us/event':>8} {'MB':>6}")
+    for local, cluster in stacks:
+        per_req = {}
+        for n in sizes:
+            r = run_child(["stack", local, cluster, str(n), "1"])
+            per_req[n] = r["loop_cpu_s"] / n
+            print(f"   {local + '+' + cluster:>30} {1:>8} {n:>9} {r['wall_s']:>8.2f} {r['loop_s']:>8.2f} "
+                  f"{1e6 * r['loop_s'] / n:>8.1f} {r['events']:>9} {1e6 * r['loop_s'] / r['events']:>8.1f} "
+                  f"{r['peak_rss_mb']:>6.0f}")
+        for reps in replica_counts:
+            n = 10000 * reps
+            r = run_child(["stack", local, cluster, str(n), str(reps)])
+            print(f"   {local + '+' + cluster:>30} {reps:>8} {n:>9} {r['wall_s']:>8.2f} {r['loop_s']:>8.2f} "
+                  f"{1e6 * r['loop_s'] / n:>8.1f} {r['events']:>9} {1e6 * r['loop_s'] / r['events']:>8.1f} "
+                  f"{r['peak_rss_mb']:>6.0f}")
+        if len(sizes) > 1:
+            lo, hi = min(sizes), max(sizes)
+            ratio = per_req[hi] / per_req[lo]
+            flat = ratio <= 1.5
+            ok &= flat
+            print(f"   {'':>30} CPU per request {hi:,} vs {lo:,}: {ratio:.2f}x  {'OK (<= 1.5x)' if flat else 'FAIL (> 1.5x)'}")
+    return ok
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="10000,50000")
-    ap.add_argument("--scaling", action="store_true", help="also time vs requests and vs replicas")
-    ap.add_argument("--big", action="store_true", help="also the 16-replica, 100k-request run")
-    ap.add_argument("--child")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1000,10000,50000", help="Vidur-scenario sizes")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved runs per Vidur-scenario size")
+    ap.add_argument("--no-vidur", action="store_true", help="skip section 1")
+    ap.add_argument("--no-scaling", action="store_true", help="skip section 2")
+    ap.add_argument("--scale-sizes", default="10000,50000", help="requests per stack (1 replica)")
+    ap.add_argument("--big", action="store_true", help="add 1M requests and 64 replicas (long)")
+    ap.add_argument("--replicas-sweep", action="store_true", help="1…32 replicas at 10k requests per replica")
+    ap.add_argument("--stacks", default=None, help="local+cluster,… (default: every registered cluster policy)")
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        n, reps, pol = args.child.split(",")
-        print(json.dumps(one_run(int(n), int(reps), pol)))
+        kind, *rest = args.child
+        rec = (child_vidur_scenario(rest[0], int(rest[1]), rest[2], rest[3]) if kind == "scenario"
+               else child_stack(rest[0], rest[1], int(rest[2]), int(rest[3])))
+        import resource
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        rec["_cpu_s"] = ru.ru_utime + ru.ru_stime
+        rec["_rss_mb"] = ru.ru_maxrss / 1024
+        print(json.dumps(rec))
         return 0
-    print(f"{'requests':>9} {'tierserve req/s':>16} {'peak MB':>8} {'Vidur req/s':>12} {'Vidur MB':>9} "
-          f"{'speed ratio':>12} {'memory ratio':>13}  Vidur source")
-    for n in [int(s) for s in args.sizes.split(",")]:
-        ours = in_subprocess(n, 1, "vllm_v0")
-        live = vidur_live(n)
-        if live:
-            v_rps, v_mb = n / live[0], live[1]
-        else:
-            v_rps, v_mb = VIDUR_RECORDED.get(n, (float("nan"), float("nan")))
-        print(f"{n:>9} {ours['req_per_s']:>16,.0f} {ours['peak_rss_mb']:>8.0f} {v_rps:>12,.0f} {v_mb:>9.0f} "
-              f"{ours['req_per_s'] / v_rps:>11.1f}x {ours['peak_rss_mb'] / v_mb:>12.2f}x  "
-              f"{'measured now' if live else 'recorded (reference_runs)'}")
-    if args.scaling:
-        print("\ntime vs requests (1 replica) and vs replicas (load 4 req/s per replica, 5k requests per replica):")
-        for n in (2500, 5000, 10000, 20000):
-            r = in_subprocess(n, 1, "vllm_v0")
-            print(f"  1 replica  {n:>7} requests: {r['wall_s']:6.2f} s  {r['req_per_s']:>9,.0f} req/s")
-        for reps in (1, 2, 4, 8, 16):
-            r = in_subprocess(5000 * reps, reps, "vllm_v0")
-            print(f"  {reps:>2} replicas {5000 * reps:>7} requests: {r['wall_s']:6.2f} s  {r['req_per_s']:>9,.0f} req/s")
-    if args.big:
-        r = in_subprocess(100000, 16, "vllm_v0")
-        print(f"\n16 replicas, 100k requests: {r['wall_s']:.1f} s wall, {r['req_per_s']:,.0f} req/s, "
-              f"peak {r['peak_rss_mb']:.0f} MB")
-    return 0
+    if not args.no_vidur:
+        compare_with_vidur([int(s) for s in args.sizes.split(",")], args.repeats)
+    if args.no_scaling:
+        return 0
+    stacks = ([tuple(s.split("+")) for s in args.stacks.split(",")] if args.stacks else SCALING_STACKS)
+    sizes = [int(s) for s in args.scale_sizes.split(",")] + ([1_000_000] if args.big else [])
+    reps = ([1, 2, 4, 8, 16, 32] + ([64] if args.big else [])) if args.replicas_sweep else ([64] if args.big else [])
+    return 0 if scaling(stacks, sizes, reps) else 1
 
 
 if __name__ == "__main__":

@@ -21,12 +21,23 @@ class LogHistogram:
         self.total = 0
         self.sum = 0.0
 
+    def bin_of(self, value: float) -> int:
+        """The bin `value` falls in (monotone non-decreasing in `value`)."""
+        return int((math.log(value) - self._log_min) * self._inv_log_step) if value > self.min_value else 0
+
     def add(self, value: float, count: int = 1) -> None:
         b = int((math.log(value) - self._log_min) * self._inv_log_step) if value > self.min_value else 0
         c = self.counts
         c[b] = c.get(b, 0) + count
         self.total += count
         self.sum += value * count
+
+    def add_bin(self, b: int, count: int, value_sum: float) -> None:
+        """Count `count` values already known to fall in bin `b` (summing to `value_sum`)."""
+        c = self.counts
+        c[b] = c.get(b, 0) + count
+        self.total += count
+        self.sum += value_sum
 
     def merge(self, other: LogHistogram) -> None:
         for b, n in other.counts.items():

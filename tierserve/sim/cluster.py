@@ -1,6 +1,7 @@
 """N replicas behind a global dispatcher: arrivals streamed in order, dispatch, global queue, rebalance."""
 from __future__ import annotations
 
+from collections import deque
 from typing import Sequence
 
 from tierserve.core import Request, RequestState, Status
@@ -48,6 +49,38 @@ class InstanceHandle:
         r = self._replica
         return len(r.running) + len(r.waiting) + len(r.swapped)
 
+    # Load counters the executor keeps as requests join and leave its queues (constant time per read).
+    @property
+    def num_running(self) -> int:
+        return len(self._replica.running)
+
+    @property
+    def num_queued(self) -> int:
+        r = self._replica
+        return len(r.waiting) + len(r.swapped)
+
+    @property
+    def tier_counts(self) -> dict[int, int]:
+        r = self._replica
+        run, wait, swap = r.tier_running, r.tier_waiting, r.tier_swapped
+        return {t: run[t] + wait[t] + swap[t] for t in r.tier_order}
+
+    @property
+    def waiting_head(self) -> RequestState | None:
+        return self._replica.waiting_head
+
+    @property
+    def waiting_demand_blocks(self) -> int:
+        return self._replica.waiting_demand_blocks
+
+    @property
+    def swapped_demand_blocks(self) -> int:
+        return self._replica.swapped_demand_blocks
+
+    @property
+    def num_preempted_waiting(self) -> int:
+        return self._replica.num_preempted_waiting
+
     @property
     def migrating(self) -> bool:
         return self.migrating_count > 0
@@ -70,7 +103,13 @@ class Cluster:
         self.reject_reason = reject_reason          # Request -> str | None
         self.states: list[RequestState] = []
         self.reasons: dict[int, str] = {}
-        self.queue: list[RequestState] = []         # held by the cluster policy
+        # Requests the cluster policy holds: in lanes (`ClusterPolicy.queue_lane`), each kept in arrival
+        # order, so a retry looks at one head per lane instead of re-sorting; else one list that
+        # `dispatch_order` orders at every retry.
+        self.queue: list[RequestState] = []
+        self._lanes: dict[int, deque[RequestState]] = {}
+        self._uses_lanes = type(policy).queue_lane is not ClusterPolicy.queue_lane
+        self.num_held = 0
         self.num_ended = 0
         self._next_arrival = 0
         self.migration = migration_executor
@@ -105,8 +144,8 @@ class Cluster:
             self.reasons[request.id] = reason
             self.num_ended += 1
             return
-        if self.queue:                    # keep the global queue's order: newcomers wait behind it
-            self.queue.append(state)
+        if self.num_held:                 # keep the global queue's order: newcomers wait behind it
+            self._hold(state)
             self._drain_queue()
         else:
             self._dispatch(state)
@@ -115,31 +154,67 @@ class Cluster:
         now = self.loop.now
         target = self.policy.dispatch(state, self.handles, now)
         if target is None:
-            if state not in self.queue:
-                self.queue.append(state)
+            self._hold(state)
             return False
         state.dispatch_s = now
         self.replicas[target].enqueue(state)
         return True
 
+    def _hold(self, state: RequestState) -> None:
+        self.num_held += 1
+        if not self._uses_lanes:
+            self.queue.append(state)
+            return
+        lane = self._lanes.get(self.policy.queue_lane(state))
+        if lane is None:
+            lane = self._lanes[self.policy.queue_lane(state)] = deque()
+        key = (state.arrival_s, state.id)
+        i = len(lane)
+        while i and (lane[i - 1].arrival_s, lane[i - 1].id) > key:    # arrivals come in order: O(1) here
+            i -= 1
+        lane.insert(i, state)
+
     def _drain_queue(self) -> None:
         now = self.loop.now
-        for state in self.policy.dispatch_order(list(self.queue), now):
-            target = self.policy.dispatch(state, self.handles, now)
+        policy = self.policy
+        if not self._uses_lanes:
+            for state in policy.dispatch_order(list(self.queue), now):
+                target = policy.dispatch(state, self.handles, now)
+                if target is None:
+                    break                     # strict order: nothing overtakes a held request
+                self.queue.remove(state)
+                self.num_held -= 1
+                state.dispatch_s = now
+                self.replicas[target].enqueue(state)
+            return
+        # The same order as sorting every held request by `queue_key`: the least lane head, repeatedly.
+        lanes = self._lanes.values()
+        while True:
+            best_key, best = None, None
+            for lane in lanes:
+                if lane:
+                    key = policy.queue_key(lane[0], now)
+                    if best is None or key < best_key:
+                        best_key, best = key, lane
+            if best is None:
+                return
+            state = best[0]
+            target = policy.dispatch(state, self.handles, now)
             if target is None:
-                break                     # strict order: nothing overtakes a held request
-            self.queue.remove(state)
+                return                        # strict order: nothing overtakes a held request
+            best.popleft()
+            self.num_held -= 1
             state.dispatch_s = now
             self.replicas[target].enqueue(state)
 
     def _on_finish(self, state: RequestState) -> None:
         self.num_ended += 1
-        if self.queue:
+        if self.num_held:
             self._drain_queue()
 
     def _tick(self) -> None:
         now = self.loop.now
-        if self.queue:
+        if self.num_held:
             self._drain_queue()
         moves: list[Move] = self.policy.rebalance(self.handles, now)
         started = 0

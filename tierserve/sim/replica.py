@@ -9,6 +9,8 @@ truncates the run to the iteration in flight, so skipping and stepping give iden
 """
 from __future__ import annotations
 
+import heapq
+from math import log
 from typing import Callable
 
 from tierserve.core import BatchPlan, PreemptMode, RequestState, Status, true_output_tokens
@@ -70,9 +72,23 @@ class Replica:
         self._iteration_hook = type(policy).on_iteration_end is not LocalPolicy.on_iteration_end
         self._plan_pending = False
         self.on_finish = on_finish
+        # The three queues change only through _join/_leave, which keep the load counters below exact.
         self.running: list[RequestState] = []
         self.waiting: list[RequestState] = []
         self.swapped: list[RequestState] = []
+        self.num_tiers = num_tiers
+        self.tier_running = [0] * num_tiers
+        self.tier_waiting = [0] * num_tiers
+        self.tier_swapped = [0] * num_tiers
+        self.waiting_demand_blocks = 0            # Σ ceil(num_tokens / block_size) over waiting
+        self.swapped_demand_blocks = 0            # … over swapped (their KV must come back before they run)
+        self.num_preempted_waiting = 0            # waiting requests preempted at least once
+        self.queues_version = 0                   # bumped on every change to running/waiting/swapped
+        self._waiting_heap: list[tuple] = []      # (tier, arrival_s, id, stamp, state), lazily pruned
+        self._waiting_stamp: dict[int, int] = {}  # id -> stamp of its live heap entry
+        self._stamps = 0
+        self._tier_order: list[int] = []
+        self._tier_order_version = -1
         self.tbt = [LogHistogram() for _ in range(num_tiers)]
         self._run: DecodeRun | None = None
         self._busy = False
@@ -113,10 +129,7 @@ class Replica:
         state.replica = self.index
         if state.status != Status.SWAPPED:
             state.status = Status.WAITING
-        if front:
-            self.waiting.insert(0, state)
-        else:
-            self.waiting.append(state)
+        self._join_waiting(state, front)
         self.policy.on_arrival(state, self.view)
         self.poke()
 
@@ -154,6 +167,92 @@ class Replica:
                 j += 1
             if j > run.done:
                 self._apply_run(run, j, in_flight=j < k)
+
+    # ----- queues and the load counters a cluster policy reads (constant time per read) -----
+    def _join_running(self, state: RequestState) -> None:
+        self.running.append(state)
+        self.tier_running[state.tier] += 1
+        self.queues_version += 1
+
+    def _leave_running(self, state: RequestState) -> None:
+        self.running.remove(state)
+        self.tier_running[state.tier] -= 1
+        self.queues_version += 1
+
+    def _join_waiting(self, state: RequestState, front: bool) -> None:
+        if front:
+            self.waiting.insert(0, state)
+        else:
+            self.waiting.append(state)
+        self.tier_waiting[state.tier] += 1
+        self.waiting_demand_blocks += -(-state.num_tokens // self.block_size)   # fixed while it waits
+        if state.num_preemptions > 0:
+            self.num_preempted_waiting += 1
+        self._stamps += 1
+        self._waiting_stamp[state.id] = self._stamps
+        heapq.heappush(self._waiting_heap, (state.tier, state.arrival_s, state.id, self._stamps, state))
+        self.queues_version += 1
+
+    def _leave_waiting(self, state: RequestState) -> None:
+        self.waiting.remove(state)
+        self.tier_waiting[state.tier] -= 1
+        self.waiting_demand_blocks -= -(-state.num_tokens // self.block_size)
+        if state.num_preemptions > 0:
+            self.num_preempted_waiting -= 1
+        del self._waiting_stamp[state.id]
+        if not self.waiting:
+            self._waiting_heap.clear()
+        self.queues_version += 1
+
+    def _join_swapped(self, state: RequestState) -> None:
+        self.swapped.append(state)
+        self.tier_swapped[state.tier] += 1
+        self.swapped_demand_blocks += -(-state.num_tokens // self.block_size)
+        self.queues_version += 1
+
+    def _leave_swapped(self, state: RequestState) -> None:
+        self.swapped.remove(state)
+        self.tier_swapped[state.tier] -= 1
+        self.swapped_demand_blocks -= -(-state.num_tokens // self.block_size)
+        self.queues_version += 1
+
+    @property
+    def waiting_head(self) -> RequestState | None:
+        """The waiting request first in (tier, arrival, id) order: the head of a llumlet queue."""
+        heap = self._waiting_heap
+        live = self._waiting_stamp
+        while heap:
+            top = heap[0]
+            if live.get(top[2]) == top[3]:
+                return top[4]
+            heapq.heappop(heap)
+        return None
+
+    @property
+    def tier_order(self) -> list[int]:
+        """Tiers with a request running, waiting or swapped, in order of first appearance in running, then
+        waiting, then swapped (so sums over them add up in the same order as a walk over the queues)."""
+        if self._tier_order_version == self.queues_version:
+            return self._tier_order
+        order: list[int] = []
+        seen = [False] * self.num_tiers
+        for queue, counts in ((self.running, self.tier_running), (self.waiting, self.tier_waiting),
+                              (self.swapped, self.tier_swapped)):
+            missing = 0
+            for t, c in enumerate(counts):
+                if c and not seen[t]:
+                    missing += 1
+            for s in queue:              # stops at the last tier still missing: a few requests, usually
+                if not missing:
+                    break
+                t = s.tier
+                if not seen[t]:
+                    seen[t] = True
+                    order.append(t)
+                    missing -= 1
+        self._tier_order = order
+        self._tier_order_version = self.queues_version
+        return order
 
     # ----- planning -----
     def _start_next(self) -> None:
@@ -215,7 +314,7 @@ class Replica:
         for victim, mode in plan.preempt:
             if victim.status != Status.RUNNING or victim.replica != self.index:
                 raise PolicyError(f"{self.policy.name}: cannot preempt request {victim.id} (status {victim.status.name})")
-            self.running.remove(victim)
+            self._leave_running(victim)
             self.free_blocks += victim.num_blocks
             victim.num_preemptions += 1
             self.preemptions += 1
@@ -231,12 +330,12 @@ class Replica:
                 victim.num_swaps += 1
                 self.swap_outs += 1
                 victim.status = Status.SWAPPED
-                self.swapped.append(victim)
+                self._join_swapped(victim)
             else:
                 victim.num_blocks = 0
                 victim.num_computed_tokens = 0        # KV dropped: prompt + generated are recomputed
                 victim.status = Status.WAITING
-                self.waiting.insert(0, victim)
+                self._join_waiting(victim, True)
             self.policy.on_preempt(victim, mode, self.view)
         for r, _ in plan.scheduled:
             if r.status == Status.SWAPPED:
@@ -279,12 +378,12 @@ class Replica:
                 if r.replica != self.index:
                     raise PolicyError(f"{self.policy.name}: request {r.id} is not on replica {self.index}")
                 if r.status == Status.SWAPPED:
-                    self.swapped.remove(r)
+                    self._leave_swapped(r)
                     self._release_host_blocks(r)
                 else:
-                    self.waiting.remove(r)
+                    self._leave_waiting(r)
                 r.status = Status.RUNNING
-                self.running.append(r)
+                self._join_running(r)
         if total > self.token_budget:
             raise PolicyError(f"{self.policy.name}: batch of {total} tokens > token budget {self.token_budget}")
         used = self.total_blocks - self.free_blocks
@@ -303,6 +402,7 @@ class Replica:
         now = self.loop.now
         finished = []
         dt = now - self._batch_start_s
+        hists = self.tbt
         for r, n in self._batch:
             c = r.num_computed_tokens + n
             r.num_computed_tokens = c
@@ -313,9 +413,20 @@ class Replica:
                 attained_prompt = r.attained_tokens - r.num_generated
                 if c > attained_prompt:
                     r.attained_tokens += (c if c < prompt else prompt) - attained_prompt
-            if c == r.num_tokens:
-                self._emit_token(r, now)
-                if r.num_generated >= r._request.output_tokens:     # the executor owns the truth
+            if c == r.num_tokens:                # the iteration emits a token
+                generated = r.num_generated + 1
+                r.num_generated = generated
+                r.num_tokens = c + 1
+                r.attained_tokens += 1
+                if r.first_token_s < 0:
+                    r.first_token_s = now
+                else:
+                    gap = now - r.last_token_s
+                    hists[r.tier].add(gap)
+                    if gap > r.tbt_max_s:
+                        r.tbt_max_s = gap
+                r.last_token_s = now
+                if generated >= r._request.output_tokens:     # the executor owns the truth
                     finished.append(r)
         batch, self._batch = self._batch, []
         if self._iteration_hook:
@@ -325,21 +436,8 @@ class Replica:
         self._settle_pauses()
         self._start_next()
 
-    def _emit_token(self, r: RequestState, now: float) -> None:
-        r.num_generated += 1
-        r.num_tokens += 1
-        r.attained_tokens += 1
-        if r.first_token_s < 0:
-            r.first_token_s = now
-        else:
-            gap = now - r.last_token_s
-            self.tbt[r.tier].add(gap)
-            if gap > r.tbt_max_s:
-                r.tbt_max_s = gap
-        r.last_token_s = now
-
     def _finish(self, r: RequestState, now: float) -> None:
-        self.running.remove(r)
+        self._leave_running(r)
         self.free_blocks += r.num_blocks
         r.num_blocks = 0
         r.status = Status.FINISHED
@@ -422,9 +520,14 @@ class Replica:
         cnt = upto - m0
         last = ends[upto - 1]
         shared_max = 0.0
+        hists = self.tbt
         if cnt > 1:
-            hists = self.tbt
-            counts = run.tier_counts.items()
+            # The gaps every request of the run shares: binned once each, counted per run of equal bins, then
+            # added to each tier's histogram in one step per bin (the same bins `add` would give, one by one).
+            h0 = hists[0]
+            log_min, inv, min_value = h0._log_min, h0._inv_log_step, h0.min_value
+            segments = []
+            cur_b, n_b, sum_b = -1, 0, 0.0
             prev = ends[m0]
             for m in range(m0 + 1, upto):
                 e = ends[m]
@@ -432,8 +535,19 @@ class Replica:
                 prev = e
                 if gap > shared_max:
                     shared_max = gap
-                for tier, c in counts:
-                    hists[tier].add(gap, c)
+                b = int((log(gap) - log_min) * inv) if gap > min_value else 0
+                if b == cur_b:
+                    n_b += 1
+                    sum_b += gap
+                else:
+                    if n_b:
+                        segments.append((cur_b, n_b, sum_b))
+                    cur_b, n_b, sum_b = b, 1, gap
+            segments.append((cur_b, n_b, sum_b))
+            for tier, c in run.tier_counts.items():
+                h = hists[tier]
+                for b, n, sm in segments:
+                    h.add_bin(b, n * c, sm * c)
         bs = self.block_size
         first_end = ends[m0]
         extra_tok = 1 if in_flight else 0
@@ -451,7 +565,7 @@ class Replica:
             r.service_s += span
             r.last_scheduled_s = scheduled_s
             gap = first_end - r.last_token_s
-            self.tbt[r.tier].add(gap)
+            hists[r.tier].add(gap)
             if shared_max > gap:
                 gap = shared_max
             if gap > r.tbt_max_s:
@@ -481,7 +595,7 @@ class Replica:
         if self._iteration_hook:
             self.policy.on_iteration_end(run.batch, len(run.ends), now - run.start_s, self.view)
         for r in run.batch:
-            if r.num_generated >= true_output_tokens(r):
+            if r.num_generated >= r._request.output_tokens:     # the executor owns the truth
                 self._finish(r, now)
         self._settle_pauses()
         self._start_next()
@@ -525,7 +639,7 @@ class Replica:
             self._truncate_run(self.loop.now)
 
     def _pause_now(self, state: RequestState) -> None:
-        self.running.remove(state)
+        self._leave_running(state)
         state.status = Status.MIGRATING
         self.paused.append(state)
 
@@ -551,7 +665,7 @@ class Replica:
         """Migration aborted: the paused request runs here again, KV intact."""
         self.paused.remove(state)
         state.status = Status.RUNNING
-        self.running.append(state)
+        self._join_running(state)
         self.poke()
 
     def reserve_blocks(self, n: int) -> bool:
@@ -579,16 +693,16 @@ class Replica:
         state.replica = self.index
         state.status = Status.RUNNING
         state.num_migrations += 1
-        self.running.append(state)
+        self._join_running(state)
         self.policy.on_migrate_in(state, self.view)
         self.poke()
 
     def withdraw_waiting(self, state: RequestState) -> None:
         """Take a queued request (no KV, or swapped) off this replica so it can be enqueued elsewhere."""
         if state.status == Status.SWAPPED:
-            self.swapped.remove(state)
+            self._leave_swapped(state)
             self._release_host_blocks(state)
         else:
-            self.waiting.remove(state)
+            self._leave_waiting(state)
         state.replica = -1
         self.policy.on_migrate_out(state, self.view)

@@ -38,6 +38,34 @@ class InstanceView(Protocol):
     def migrating(self) -> bool: ...        # a migration in or out is in progress
 
 
+class LoadCounters(Protocol):
+    """Optional InstanceView fields a driver keeps up to date as requests join and leave the replica's
+    queues, so a policy reads load in constant time instead of walking every request (the simulator's
+    `InstanceHandle` has them; `freeness.measure` and `infaas.committed_blocks` use them when present)."""
+
+    @property
+    def num_running(self) -> int: ...
+
+    @property
+    def num_queued(self) -> int: ...        # waiting + swapped
+
+    @property
+    def tier_counts(self) -> dict[int, int]: ...   # running + waiting + swapped per tier, in order of first
+                                                    # appearance in running, then waiting, then swapped
+
+    @property
+    def waiting_head(self) -> RequestState | None: ...   # first waiting request in (tier, arrival, id) order
+
+    @property
+    def waiting_demand_blocks(self) -> int: ...   # Σ ceil(num_tokens / block_size) over waiting
+
+    @property
+    def swapped_demand_blocks(self) -> int: ...   # … over swapped
+
+    @property
+    def num_preempted_waiting(self) -> int: ...   # waiting requests preempted at least once
+
+
 @dataclass(frozen=True, slots=True)
 class Move:
     """Migrate `request` from replica `source` to replica `destination`."""
@@ -65,6 +93,17 @@ class ClusterPolicy(ABC):
     def dispatch_order(self, queued: list[RequestState], now: float) -> list[RequestState]:
         """Order in which held requests are retried at time `now`; arrival order by default."""
         return queued
+
+    def queue_lane(self, state: RequestState) -> int:
+        """Optional: the lane of the global queue a held request waits in. A policy that defines it (with
+        `queue_key`) promises that within a lane its order is arrival order (arrival_s, id) at every `now`,
+        and that `dispatch_order` is the order of `queue_key`; the cluster then keeps each lane in arrival
+        order and retries the lane head with the least key, instead of re-sorting the queue."""
+        raise NotImplementedError
+
+    def queue_key(self, state: RequestState, now: float) -> tuple:
+        """Sort key of a held request at `now` (with `queue_lane`)."""
+        raise NotImplementedError
 
     def rebalance(self, instances: Sequence[InstanceView], now: float) -> list[Move]:
         return []

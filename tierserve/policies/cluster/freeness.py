@@ -58,6 +58,7 @@ class ExponentialHeadroom(HeadroomSchedule):
             raise ConfigError("decay", decay, "a finite rate >= 0 (λ; ln 3 ≈ 1.0986 by default)")
         self.h_max = float(h_max)
         self.decay = float(decay)
+        self._budgets: dict[int, list[float]] = {}
 
     def fractions(self) -> list[float]:
         if self.num_tiers == 1:
@@ -65,7 +66,11 @@ class ExponentialHeadroom(HeadroomSchedule):
         return [self.h_max * math.exp(-self.decay * p) for p in range(self.num_tiers)]
 
     def budgets(self, total_blocks: int) -> list[float]:
-        return [total_blocks * f for f in self.fractions()]
+        """Read on every dispatch for every instance: computed once per M (treat the list as read-only)."""
+        b = self._budgets.get(total_blocks)
+        if b is None:
+            b = self._budgets[total_blocks] = [total_blocks * f for f in self.fractions()]
+        return b
 
 
 class ScaledHeadroom(HeadroomSchedule):
@@ -136,9 +141,35 @@ def queue_head(waiting: Sequence[RequestState]) -> RequestState | None:
     return min(waiting, key=lambda s: (s.tier, s.arrival_s, s.id))
 
 
+def _check_tiers(counts: dict[int, int], num_tiers: int | None) -> None:
+    if num_tiers is not None:
+        for t in counts:
+            if not 0 <= t < num_tiers:
+                raise ConfigError("request.tier", t, f"an integer in 0..{num_tiers - 1} (K = {num_tiers})")
+
+
 def measure(view, num_tiers: int | None = None) -> InstanceLoad:
     """Read an InstanceView once. The running term is `used_blocks` (held + reserved for incoming migration +
-    paused in a final migration stage): all of it is committed memory. Raises ConfigError for a tier ≥ K."""
+    paused in a final migration stage): all of it is committed memory. Raises ConfigError for a tier ≥ K.
+
+    Constant time from the view's load counters (`LoadCounters`) when it has them; otherwise a walk over
+    its queues (`measure_by_walk`, the definition the counters must reproduce exactly)."""
+    if not hasattr(view, "waiting_demand_blocks"):
+        return measure_by_walk(view, num_tiers)
+    counts = view.tier_counts
+    _check_tiers(counts, num_tiers)
+    bs = view.block_size
+    head = view.waiting_head
+    hol = blocks_for(head.num_tokens, bs) if head is not None else 0
+    hol += view.swapped_demand_blocks
+    queued = view.num_queued
+    preempted = view.num_preempted_waiting > 0 or bool(view.swapped)
+    return InstanceLoad(view.index, view.total_blocks, bs, view.used_blocks, hol, view.num_running,
+                        queued, counts, preempted, bool(view.migrating), view.terminating)
+
+
+def measure_by_walk(view, num_tiers: int | None = None) -> InstanceLoad:
+    """`measure` by walking every request on the instance (for views without load counters)."""
     bs = view.block_size
     running = view.running
     waiting = view.waiting
@@ -148,10 +179,7 @@ def measure(view, num_tiers: int | None = None) -> InstanceLoad:
         for s in group:
             t = s.tier
             counts[t] = counts.get(t, 0) + 1
-    if num_tiers is not None:
-        for t in counts:
-            if not 0 <= t < num_tiers:
-                raise ConfigError("request.tier", t, f"an integer in 0..{num_tiers - 1} (K = {num_tiers})")
+    _check_tiers(counts, num_tiers)
     head = queue_head(waiting)
     hol = blocks_for(head.num_tokens, bs) if head is not None else 0
     hol += sum(blocks_for(s.num_tokens, bs) for s in swapped)   # swapped KV must come back before they run

@@ -14,7 +14,10 @@ from tierserve.policies.cluster.freeness import blocks_for
 
 
 def committed_blocks(view: InstanceView) -> int:
-    """Blocks held (incl. in flight) plus the full prompt demand of everything queued or swapped."""
+    """Blocks held (incl. in flight) plus the full prompt demand of everything queued or swapped
+    (from the view's load counters when it has them, else by walking its queues)."""
+    if hasattr(view, "waiting_demand_blocks"):
+        return view.used_blocks + view.waiting_demand_blocks + view.swapped_demand_blocks
     bs = view.block_size
     queued = sum(blocks_for(s.num_tokens, bs) for s in view.waiting)
     queued += sum(blocks_for(s.num_tokens, bs) for s in view.swapped)

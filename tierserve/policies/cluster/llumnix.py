@@ -86,8 +86,15 @@ class LlumnixPolicy(ClusterPolicy):
         return load.freeness(load.headroom(self.headroom.budgets(load.total_blocks)))
 
     # ----- dispatch -----
+    def queue_key(self, state: RequestState, now: float) -> tuple:
+        """Strict tier order, FCFS within a tier (the effective tier only rises with waiting time)."""
+        return (self.effective_tier(state, now), state.arrival_s, state.id)
+
+    def queue_lane(self, state: RequestState) -> int:
+        return state.tier
+
     def dispatch_order(self, queued: list[RequestState], now: float) -> list[RequestState]:
-        return sorted(queued, key=lambda s: (self.effective_tier(s, now), s.arrival_s, s.id))
+        return sorted(queued, key=lambda s: self.queue_key(s, now))
 
     def dispatch(self, state: RequestState, instances: Sequence[InstanceView], now: float) -> int | None:
         self.check_tier(state)
