@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import math
 import pickle
-import time
 
 import numpy as np
 import pytest
@@ -230,16 +229,14 @@ def test_capacity_search_edges() -> None:
         capacity_search(run, lo=2.0, hi=1.0)
 
 
-def test_from_states_is_fast() -> None:
+def test_from_states_summarises_100k_rows_consistently() -> None:
+    # Speed is measured in benchmarks/, not here (the machines are noisy); this pins the large-table results.
     n = 100_000
     rng = np.random.default_rng(0)
     arr = rng.uniform(0, 100, n)
     states = [mk(i, i % 3, float(arr[i]), first=float(arr[i]) + 0.2, finish=float(arr[i]) + 2.0, generated=5,
                  slo=INTERACTIVE) for i in range(n)]
-    t0 = time.perf_counter()
     table = RequestTable.from_states(states, {})
-    _ = table.meets_slo, table.tpot_s, table.normalized_latency_s
     s = summarize(table, TokenTBT(rng.uniform(0, 0.1, n), rng.integers(0, 3, n), rng.integers(1, 5, n)), 100.0)
-    elapsed = time.perf_counter() - t0
-    assert s.all.total == n
-    assert elapsed < 1.0, f"100k rows took {elapsed:.2f}s"
+    assert s.all.total == n and sum(s.tiers[f"tier{t}"].total for t in range(3)) == n
+    assert np.allclose(table.ttft_s, 0.2) and np.allclose(table.ttlt_s, 2.0)
