@@ -11,6 +11,18 @@ LOCAL_POLICIES = Registry("local", {
     "sarathi": "tierserve.policies.local.sarathi:SarathiPolicy",
     "orca": "tierserve.policies.local.orca:OrcaPolicy",
     "llumlet": "tierserve.policies.local.llumlet:LlumletPolicy",
+    "fcfs": "tierserve.policies.local.fcfs:FCFSPolicy",
+    "sjf": "tierserve.policies.local.sjf:SJFPolicy",
+    "srpt": "tierserve.policies.local.srpt:SRPTPolicy",
+    "las": "tierserve.policies.local.las:LASPolicy",
+    "distboost": "tierserve.policies.local.distboost:DistBoostPolicy",
+    "uniboost_base": "tierserve.policies.local.uniboost:UniBoostBasePolicy",
+    "uniboost_memguard": "tierserve.policies.local.uniboost:UniBoostMemGuardPolicy",
+    "uniboost": "tierserve.policies.local.uniboost:UniBoostPolicy",
+    "sarathi_fcfs": "tierserve.policies.local.sarathi_fcfs:SarathiFCFSPolicy",
+    "sarathi_edf": "tierserve.policies.local.sarathi_edf:SarathiEDFPolicy",
+    "sarathi_srpf": "tierserve.policies.local.sarathi_srpf:SarathiSRPFPolicy",
+    "niyama": "tierserve.policies.local.niyama:NiyamaPolicy",
 })
 
 __all__ = ["LOCAL_POLICIES", "IterationPredictor", "LocalPolicy", "Oracle", "PolicyError", "ReplicaView"]
