@@ -1,0 +1,158 @@
+"""Run a list of requests through one vLLM engine (offline, no HTTP) and record what happened.
+
+    python -m tierserve.engines.vllm.run --model DIR --requests reqs.json --out DIR
+        [--policy vllm_priority | --stock] [--engine-process] [--max-num-seqs 4] [--num-blocks 64] ...
+
+Used by the engine tests and the scheduler-overhead benchmark; each run is its own process, because vLLM
+fixes its environment (threads, multiprocessing) at the first engine. `reqs.json` is a list of
+{"prompt_tokens", "output_tokens", "tier", "arrival_s" (from the start; default 0), "xargs" (merged into
+`SamplingParams.extra_args`; default {"tier": tier}), "priority" (default tier)}. Writes `results.json`
+(per request: tokens received, finish reason, times; the scheduler's own stats; with `--time-steps`, the
+wall time of every `schedule()` + `update_from_output()` call in µs) and, under the tierserve scheduler,
+`decisions.jsonl` and `iterations.csv`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+SCHEDULER_CLS = "tierserve.engines.vllm.scheduler.TierScheduler"
+VOCAB_LO, VOCAB_HI = 3, 512        # token ids of the tiny model's word-level vocabulary (0-2 are special)
+
+
+def prompt_ids(index: int, n: int) -> list[int]:
+    """Deterministic, distinct-per-request prompt token ids."""
+    span = VOCAB_HI - VOCAB_LO
+    return [VOCAB_LO + (index * 7919 + j * 31) % span for j in range(n)]
+
+
+def engine_env(out: Path, engine_process: bool) -> None:
+    """Set before vLLM (and torch) are imported: one OpenMP thread, temporary files under `out`."""
+    tmp = out / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ["TMPDIR"] = str(tmp)
+    os.environ["VLLM_RPC_BASE_PATH"] = str(tmp)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if engine_process else "0"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--requests", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--policy", default="vllm_priority")
+    ap.add_argument("--policy-params", default="{}")
+    ap.add_argument("--stock", action="store_true", help="vLLM's own scheduler (no tierserve)")
+    ap.add_argument("--stock-policy", default="fcfs", choices=["fcfs", "priority"])
+    ap.add_argument("--engine-process", action="store_true", help="engine core in its own process")
+    ap.add_argument("--max-num-seqs", type=int, default=4)
+    ap.add_argument("--num-blocks", type=int, default=64)
+    ap.add_argument("--block-size", type=int, default=32)
+    ap.add_argument("--budget", type=int, default=256, help="max_num_batched_tokens")
+    ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--full-sequence-gate", action="store_true",
+                    help="keep vLLM 0.32's default admission gate (the whole known sequence must fit); off by "
+                         "default here, so the engine admits per chunk as tierserve's v1 policies plan")
+    ap.add_argument("--logs", default="all", choices=["all", "iterations", "none"])
+    ap.add_argument("--time-steps", action="store_true", help="time schedule()/update_from_output() (in-process)")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    engine_env(args.out, args.engine_process)
+
+    from vllm import LLM, SamplingParams
+
+    specs = json.loads(args.requests.read_text())
+    kwargs = dict(model=args.model, dtype="bfloat16", block_size=args.block_size,
+                  num_gpu_blocks_override=args.num_blocks, max_num_seqs=args.max_num_seqs,
+                  max_num_batched_tokens=args.budget, max_model_len=args.max_model_len,
+                  enable_prefix_caching=False, enforce_eager=True, seed=0, gpu_memory_utilization=0.1,
+                  scheduler_reserve_full_isl=args.full_sequence_gate)
+    if args.stock:
+        kwargs["scheduling_policy"] = args.stock_policy
+    else:
+        kwargs["scheduler_cls"] = SCHEDULER_CLS
+        ts = {"policy": args.policy, "policy_params": json.loads(args.policy_params)}
+        if args.logs in ("all", "iterations"):
+            ts["iteration_log"] = str(args.out / "iterations.csv")
+        if args.logs == "all":
+            ts["decision_log"] = str(args.out / "decisions.jsonl")
+        kwargs["additional_config"] = {"tierserve": ts}
+    llm = LLM(**kwargs)
+    engine = llm.llm_engine
+    sched = engine.engine_core.engine_core.scheduler if not args.engine_process else None
+    step_us: list[float] = []
+    if args.time_steps and sched is not None:
+        _time_calls(sched, step_us)
+
+    order = sorted(range(len(specs)), key=lambda i: specs[i].get("arrival_s", 0.0))
+    records = {}
+    t0 = time.perf_counter()
+    nxt = 0
+    while nxt < len(order) or engine.has_unfinished_requests():
+        now = time.perf_counter() - t0
+        while nxt < len(order) and specs[order[nxt]].get("arrival_s", 0.0) <= now:
+            i = order[nxt]
+            nxt += 1
+            sp = specs[i]
+            tier = int(sp.get("tier", 0))
+            rid = f"r{i}"
+            xargs = sp.get("xargs", {"tier": tier})
+            params = SamplingParams(max_tokens=int(sp["output_tokens"]), ignore_eos=True, temperature=0.0,
+                                    extra_args=xargs or None)
+            engine.add_request(rid, {"prompt_token_ids": prompt_ids(i, int(sp["prompt_tokens"]))}, params,
+                               priority=int(sp.get("priority", tier)))
+            records[rid] = {"id": rid, "tier": tier, "prompt_tokens": sp["prompt_tokens"],
+                            "output_tokens": sp["output_tokens"], "arrival_s": now, "token_s": [],
+                            "finished": 0, "finish_reason": None, "received": 0}
+        if not engine.has_unfinished_requests():
+            if nxt < len(order):
+                time.sleep(max(0.0, min(0.01, specs[order[nxt]].get("arrival_s", 0.0) - now)))
+            continue
+        for o in engine.step():
+            rec = records[o.request_id]
+            t = time.perf_counter() - t0
+            n = len(o.outputs[0].token_ids) if o.outputs else 0
+            rec["token_s"].extend([t] * (n - rec["received"]))
+            rec["received"] = n
+            if o.finished:
+                rec["finished"] += 1
+                rec["finish_reason"] = o.outputs[0].finish_reason if o.outputs else None
+    wall = time.perf_counter() - t0
+    result = {"wall_s": wall, "requests": list(records.values()), "step_us": step_us}
+    if sched is not None and hasattr(sched, "tierserve"):
+        result["scheduler"] = sched.tierserve.stats()
+        sched.tierserve.close()
+    (args.out / "results.json").write_text(json.dumps(result))
+    print(json.dumps({"wall_s": round(wall, 3), "requests": len(records),
+                      "scheduler": result.get("scheduler")}))
+    return 0
+
+
+def _time_calls(sched, sink: list[float]) -> None:
+    """Wrap the scheduler's per-step calls with a timer (same wrapper for stock and tierserve)."""
+    schedule, update = sched.schedule, sched.update_from_output
+    pending = []
+
+    def timed_schedule(*a, **k):
+        t = time.perf_counter()
+        out = schedule(*a, **k)
+        pending.append(time.perf_counter() - t)
+        return out
+
+    def timed_update(*a, **k):
+        t = time.perf_counter()
+        out = update(*a, **k)
+        sink.append((pending.pop(0) + time.perf_counter() - t) * 1e6 if pending else float("nan"))
+        return out
+
+    sched.schedule, sched.update_from_output = timed_schedule, timed_update
+
+
+if __name__ == "__main__":
+    sys.exit(main())
