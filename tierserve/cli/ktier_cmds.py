@@ -1,34 +1,40 @@
-"""`tierserve reproduce ktier`: seed 000's K sweep (K-tier Llumnix vs INFaaS+vLLM)."""
+"""`tierserve reproduce ktier`: the K-tier study (seed 000) in units of capacity."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import typer
 from rich.console import Console
 
-reproduce_app = typer.Typer(no_args_is_help=True, help="One-command reproductions of the seeds' tables.")
+reproduce_app = typer.Typer(no_args_is_help=True, help="One-command reproductions of the seeds' studies.")
 
 
 @reproduce_app.command("ktier")
-def ktier(quick: bool = typer.Option(False, "--quick", help="K ∈ {1,2,3,4,6}, 1,500 requests, 4 replicas (minutes)."),
+def ktier(quick: bool = typer.Option(False, "--quick", help="Same regimes, small: 2 replicas, 300 requests per run, "
+                                                            "K ∈ {1, 3}, ρ ∈ {0.6, 2.0}, a short overload episode."),
           out: Path = typer.Option(Path("results/ktier"), "--out", help="Folder for CSV, Markdown and PNG outputs."),
           executor: str = typer.Option("process", "--executor", help="process | serial | ray"),
-          rate_per_replica: float = typer.Option(None, "--rate-per-replica", help="Override the load (req/s per replica)."),
-          no_adaptive: bool = typer.Option(False, "--no-adaptive", help="Skip the adaptive-headroom variant.")) -> None:
-    """K = 1…10 × {uniform, gaussian, enterprise} at 10K and 15K requests; speedups over INFaaS+vLLM."""
+          seeds: int = typer.Option(3, "--seeds", min=3, help="Seeds per point (≥ 3: intervals need them)."),
+          replicas: int = typer.Option(None, "--replicas", help="Override the study's replica count."),
+          requests: int = typer.Option(None, "--requests", help="Override requests per run.")) -> None:
+    """Capacity per stack and class, attainment vs ρ, an overload episode, GPUs needed, sensitivity rows and the
+    seed's own table (labelled), with stability verdicts and 95% intervals over seeds."""
     from dataclasses import replace
 
-    from tierserve.experiments.ktier import COST_FORMULA, KTierSetup, run_ktier
-    setup = KTierSetup.quick() if quick else KTierSetup()
-    if rate_per_replica is not None:
-        setup = replace(setup, rate_per_replica=rate_per_replica)
-    if no_adaptive:
-        setup = replace(setup, adaptive=False)
-    console = Console(width=200)
-    result = run_ktier(setup, out, executor=executor)
-    console.print(result["markdown"])
-    console.print(f"formula: {COST_FORMULA}")
-    console.print(f"wrote {out}/ktier_table.md, ktier_table.csv, ktier_runs.csv and {len(result['plots'])} plots")
+    from tierserve.experiments.ktier import Study, run_study
+    study = Study.quick() if quick else Study()
+    study = replace(study, seeds=tuple(range(seeds)))
+    if replicas is not None:
+        study = replace(study, setup=replace(study.setup, num_replicas=replicas))
+    if requests is not None:
+        study = replace(study, setup=replace(study.setup, num_requests=requests))
+    console = Console(width=220)
+    t0 = time.perf_counter()
+    result = run_study(study, out, executor=executor)
+    console.print(result["markdown"], markup=False, highlight=False)
+    console.print(f"wrote {out}/ktier_report.md, ktier_*.csv, ktier_meta.json and {len(result['plots'])} plots "
+                  f"in {time.perf_counter() - t0:.1f} s")
 
 
 def register(app: typer.Typer) -> None:
