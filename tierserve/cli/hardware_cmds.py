@@ -119,12 +119,14 @@ def register(app: typer.Typer) -> None:
         import json
         from dataclasses import asdict
 
+        from tierserve.core.files import atomic_path, check_out_file, write_text_atomic
         from tierserve.hardware.calibration import PhysicalIterationFit, calibrate_from_iterations, fit_profile_tree
         console = Console()
         if (profiles is None) == (iterations is None):
             console.print("[red]error:[/] give exactly one of --profiles DIR or --iterations FILE")
             raise typer.Exit(2)
         try:
+            check_out_file(out)                       # before the fit, so a long fit is never lost
             if profiles is not None:
                 store, reports = fit_profile_tree(profiles)
                 t = Table(title="Held-out fit error (MAPE %)")
@@ -135,10 +137,11 @@ def register(app: typer.Typer) -> None:
                 for k, v in store.meta["fit_error_pct"]["per_model_gpu"].items():
                     t.add_row(k, f"{v:.2f}")
                 console.print(t)
-                store.save(out)
+                with atomic_path(out) as tmp:
+                    store.save(tmp)
             else:
                 fit = calibrate_from_iterations(iterations, model, gpu, tp)
-                out.write_text(json.dumps(asdict(fit), indent=1) + "\n")
+                write_text_atomic(out, json.dumps(asdict(fit), indent=1) + "\n")
                 if isinstance(fit, PhysicalIterationFit):
                     _print_physical_fit(console, fit)
                 else:

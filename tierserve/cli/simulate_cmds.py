@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 
 from tierserve.core import ConfigError
+from tierserve.core.errors import Interrupted
+from tierserve.core.files import check_out_dir
 from tierserve.experiments.capacity import judge
 from tierserve.experiments.scenario import ScenarioConfig, ScenarioResult, run_scenario, write_result
 from tierserve.metrics.stability import (
@@ -28,6 +30,9 @@ def scenario_from_options(config: Optional[Path], overrides: dict[str, Any]) -> 
     data = base.model_dump(mode="json", exclude_unset=False)
     cl, rep, wl = data["cluster"], data["cluster"]["replica"], data["workload"]
     o = {k: v for k, v in overrides.items() if v is not None}
+    if "trace_format" in o and "trace" not in o:
+        raise ConfigError("--trace-format", o["trace_format"], "only together with --trace FILE (it says how to "
+                                                               "read that file)")
     for key, target, field in (("model", rep, "model"), ("gpu", rep, "gpu"), ("tp", rep, "tp"),
                                ("replicas", cl, "num_replicas"), ("local_policy", cl, "local_policy"),
                                ("cluster_policy", cl, "cluster_policy"), ("num_requests", wl, "num_requests"),
@@ -87,6 +92,8 @@ def register(app: typer.Typer, console: Console) -> None:
         """Simulate one scenario (default: 4× Llama-3-8B on A100, 2,000 requests, 3 tiers) and print per-tier results
         with the queue's stability verdict."""
         from tierserve.report import render_summary
+        if out is not None:
+            check_out_dir(out)
         options = dict(model=model, gpu=gpu, tp=tp, replicas=replicas, local_policy=local_policy,
                        cluster_policy=cluster_policy, trace=trace, trace_format=trace_format, rate=rate,
                        num_requests=num_requests, seed=seed, time_limit=time_limit, no_skip_ahead=no_skip_ahead)
@@ -150,6 +157,8 @@ def register(app: typer.Typer, console: Console) -> None:
     ) -> None:
         """Run several policy stacks on the same workload and print them side by side, with each stack's
         queue-stability verdict."""
+        if out is not None:
+            check_out_dir(out)
         names = [s.strip() for s in stacks.split(",") if s.strip()]
         cfgs = _stack_configs(config, names, dict(replicas=replicas, rate=rate, num_requests=num_requests, seed=seed))
         _compare(console, cfgs, executor, out, steady_state, drop_fraction, seeds)
@@ -193,7 +202,13 @@ def _compare(console: Console, cfgs: Mapping[str, ScenarioConfig], executor: str
         return
     jobs = [{"cfg": c.model_dump(mode="json"), "seed": c.seed, "drop_fraction": 0.0,
              "outdir": str(Path(out) / stack.replace("+", "__")) if out else None} for stack, c in cfgs.items()]
-    runs = dict(zip(cfgs, run_many(run_seed_job, jobs, executor=executor, description="stacks")))
+    try:
+        runs = dict(zip(cfgs, run_many(run_seed_job, jobs, executor=executor, description="stacks")))
+    except Interrupted as e:
+        done = [stack for i, stack in enumerate(cfgs) if i in e.finished]
+        Console(stderr=True).print("finished before the interrupt: " + (", ".join(done) or "none")
+                                   + (f" (their outputs are under {out}/)" if out and done else ""))
+        raise
     summaries = {stack: r.summary for stack, r in runs.items()}
     if metrics:
         render_comparison(summaries, metrics=metrics, console=console)

@@ -5,11 +5,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tierserve.core import ConfigError
+from tierserve.core.errors import config_error_from_validation
 from tierserve.core.files import read_mapping
+from tierserve.core.limits import Int
 from tierserve.metrics import RequestTable, RunSummary, TokenTBT, summarize, write_outputs
 from tierserve.sim import ClusterConfig, SimResult, simulate
 from tierserve.workload import Workload, WorkloadConfig, build_workload, default_workload
@@ -50,8 +50,8 @@ class ScenarioConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field("default", description="A label for the run.")
-    seed: int = Field(0, description="Seeds the workload and every random choice of the policies.")
+    name: str = Field("default", max_length=200, description="A label for the run.")
+    seed: Int = Field(0, ge=0, le=2**63 - 1, description="Seeds the workload and every random choice of the policies.")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     workload: WorkloadConfig = Field(default_factory=default_scenario_workload)
 
@@ -61,14 +61,12 @@ class ScenarioConfig(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as e:
-            err = e.errors()[0]
-            where = ".".join(str(p) for p in err["loc"]) or "scenario"
-            raise ConfigError(where, err.get("input"), err["msg"].removeprefix("Value error, ")) from None
+            raise config_error_from_validation(e, "scenario") from None
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> ScenarioConfig:
         """A scenario file: a YAML mapping with keys name, seed, cluster, workload."""
-        return cls.from_dict(read_mapping(path, "--config", yaml.safe_load, (yaml.YAMLError,), "YAML"))
+        return cls.from_dict(read_mapping(path, "--config", "yaml"))
 
 
 def baseline_scenario() -> ScenarioConfig:

@@ -43,19 +43,17 @@ class ProfileError(TierserveError, ValueError):
 
 def read_rows(path: str | Path, required: Iterable[str]) -> list[dict[str, str]]:
     """Rows of a CSV as dicts; error naming the file/column when it is missing, lacks a column or is empty."""
+    from tierserve.core.files import read_csv_table  # the input layer: UTF-8, no duplicate columns or ragged rows
     p = Path(path)
     if not p.is_file():
         raise ProfileError(p, None, "file not found")
-    with p.open(newline="") as f:
-        reader = csv.DictReader(f)
-        header = reader.fieldnames or []
-        for col in required:
-            if col not in header:
-                raise ProfileError(p, col, f"missing required column (header has {len(header)} columns)")
-        rows = list(reader)
-    if not rows:
+    table = read_csv_table(p, max_rows=None, allow_no_rows=True)
+    for col in required:
+        if col not in table.header:
+            raise ProfileError(p, col, f"missing required column (header has {len(table.header)} columns)")
+    if not table.rows:
         raise ProfileError(p, None, "no data rows")
-    return rows
+    return [dict(zip(table.header, r)) for r in table.rows]
 
 
 def column(rows: list[dict[str, str]], name: str, source: str | Path) -> np.ndarray:
@@ -67,6 +65,8 @@ def column(rows: list[dict[str, str]], name: str, source: str | Path) -> np.ndar
             out[i] = math.nan
             continue
         try:
+            if "_" in v:                  # float() reads 1_000; a profile cell must be a plain number
+                raise ValueError(v)
             out[i] = float(v)
         except ValueError:
             raise ProfileError(source, name, f"row {i + 2}: {v!r} is not a number") from None

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from tierserve.core.files import atomic_path, write_text_atomic
 from tierserve.metrics.records import RequestTable
 from tierserve.metrics.summary import RunSummary
 
@@ -58,25 +59,38 @@ class RunOutputs:
 
 def write_outputs(outdir: str | Path, table: RequestTable, summary: RunSummary,
                   config: dict[str, Any] | None = None) -> dict[str, Path]:
-    """Write the three files into `outdir` (created if needed); returns their paths by file name."""
+    """Write the three files into `outdir` (created if needed); returns their paths by file name.
+
+    Each file is written under a temporary name and renamed when whole. `summary.json` goes last and carries
+    `"complete": true`, so a folder whose summary.json says complete holds the whole run; an old summary.json
+    is removed first, so an interrupted rewrite never leaves one that vouches for new, partial files."""
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {n: out / n for n in (REQUESTS_CSV, SUMMARY_JSON, SUMMARY_BY_TIER_CSV)}
-    table.to_csv(paths[REQUESTS_CSV])
-    doc = {"config": to_jsonable(config), "summary": summary.to_dict()}
-    # allow_nan=False: a NaN that slipped through is a bug here, not a file other tools cannot parse
-    paths[SUMMARY_JSON].write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    paths[SUMMARY_JSON].unlink(missing_ok=True)
+    with atomic_path(paths[REQUESTS_CSV]) as tmp:
+        table.to_csv(tmp)
     rows = summary.to_rows()
-    with paths[SUMMARY_BY_TIER_CSV].open("w", newline="", encoding="utf-8") as f:
+    with atomic_path(paths[SUMMARY_BY_TIER_CSV]) as tmp, tmp.open("w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0].keys()) if rows else ["name"])
         w.writeheader()
         w.writerows({k: _csv_cell(v) for k, v in r.items()} for r in rows)
+    doc = {"complete": True, "config": to_jsonable(config), "summary": summary.to_dict()}
+    # allow_nan=False: a NaN that slipped through is a bug here, not a file other tools cannot parse
+    write_text_atomic(paths[SUMMARY_JSON], json.dumps(doc, indent=2, allow_nan=False) + "\n")
     return paths
 
 
 def load_outputs(outdir: str | Path) -> RunOutputs:
-    """Read back what `write_outputs` wrote (NaN restored from null)."""
+    """Read back what `write_outputs` wrote (NaN restored from null); a folder whose summary.json does not say
+    `complete: true` is an error, not a result."""
+    from tierserve.core.errors import InputError
+    from tierserve.core.files import parse_json, read_text
     out = Path(outdir)
+    src = out / SUMMARY_JSON
+    doc = parse_json(read_text(src, "summary.json", "JSON"), "summary.json", str(src))
+    if not (isinstance(doc, dict) and doc.get("complete") is True):
+        raise InputError(str(src), None, "complete", doc.get("complete") if isinstance(doc, dict) else None,
+                         "not a complete run's outputs (the run was interrupted or the file is not tierserve's)")
     table = RequestTable.from_csv(out / REQUESTS_CSV)
-    doc = json.loads((out / SUMMARY_JSON).read_text(encoding="utf-8"))
     return RunOutputs(table=table, summary=RunSummary.from_dict(doc["summary"]), config=doc.get("config"))

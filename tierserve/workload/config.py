@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Annotated, Literal, Union
 
 import numpy as np
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from tierserve.core.errors import ConfigError
+from tierserve.core import limits
+from tierserve.core.errors import ConfigError, config_error_from_validation
 from tierserve.core.files import read_mapping
+from tierserve.core.limits import MAX_TIME_S, MAX_TOKENS, Float, Int
 from tierserve.core.request import Request
 from tierserve.core.slo import SLO, Tier, TierSet
 from tierserve.workload import arrivals as arr
@@ -24,7 +25,16 @@ from tierserve.workload import lengths as ln
 from tierserve.workload import tiers as tr
 from tierserve.workload.readers import ReadResult, TraceRow, read_rows
 
-PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+# Numbers are written as numbers (`true` and "12" are refused: `Int`/`Float`), finite, and bounded so that no
+# product or sum of them overflows; times stay within MAX_TIME_S (see tierserve.core.limits).
+PosFloat = Annotated[Float, Field(gt=0, allow_inf_nan=False)]
+MAX_RATE = 1e12                                                     # req/s
+Rate = Annotated[Float, Field(gt=0, le=MAX_RATE, allow_inf_nan=False)]
+Seconds = Annotated[Float, Field(gt=0, le=MAX_TIME_S, allow_inf_nan=False)]
+CV = Annotated[Float, Field(ge=1e-3, le=100, allow_inf_nan=False)]
+Weight = Annotated[Float, Field(ge=0, le=1e12, allow_inf_nan=False)]
+Tokens = Annotated[Int, Field(ge=1, le=MAX_TOKENS)]
+Seed = Annotated[Int, Field(ge=0, le=2**63 - 1)]
 
 
 class _Section(BaseModel):
@@ -35,21 +45,29 @@ class _Section(BaseModel):
 
 class PoissonConfig(_Section):
     kind: Literal["poisson"] = "poisson"
-    rate: PosFloat = Field(description="mean arrival rate, requests/s")
+    rate: Rate = Field(description="mean arrival rate, requests/s")
 
 
 class GammaConfig(_Section):
     kind: Literal["gamma"] = "gamma"
-    rate: PosFloat = Field(description="mean arrival rate, requests/s")
-    cv: PosFloat = Field(description="inter-arrival coefficient of variation (1 = Poisson)")
+    rate: Rate = Field(description="mean arrival rate, requests/s")
+    cv: CV = Field(description="inter-arrival coefficient of variation (1 = Poisson)")
 
 
 class PiecewiseConfig(_Section):
     kind: Literal["piecewise"] = "piecewise"
-    rates: list[Annotated[float, Field(ge=0, allow_inf_nan=False)]] = Field(description="rate per segment, req/s")
-    durations_s: list[PosFloat] = Field(description="segment lengths; the profile repeats periodically")
-    cv: PosFloat = Field(1.0, description="CV of the underlying renewal process")
-    mean_rate: PosFloat | None = Field(None, description="rescale the profile to this time-averaged rate")
+    rates: list[Annotated[Float, Field(ge=0, le=MAX_RATE, allow_inf_nan=False)]] = Field(
+        description="rate per segment, req/s")
+    durations_s: list[Seconds] = Field(description="segment lengths; the profile repeats periodically")
+    cv: CV = Field(1.0, description="CV of the underlying renewal process")
+    mean_rate: Rate | None = Field(None, description="rescale the profile to this time-averaged rate")
+
+    @field_validator("rates", "durations_s", mode="before")
+    @classmethod
+    def _few_segments(cls, v, info: ValidationInfo):
+        if isinstance(v, (list, tuple)):
+            limits.SEGMENTS.check(info.field_name, len(v), f"a list of {len(v):,} values")
+        return v
 
     @model_validator(mode="after")
     def _same_length(self) -> PiecewiseConfig:
@@ -63,25 +81,31 @@ class PiecewiseConfig(_Section):
 
 class DiurnalConfig(_Section):
     kind: Literal["diurnal"] = "diurnal"
-    mean_rate: PosFloat
-    amplitude: Annotated[float, Field(ge=0, le=1)] = Field(0.5, description="peak = mean·(1+amplitude)")
-    period_s: PosFloat = 86400.0
-    segments: Annotated[int, Field(ge=1)] = 48
-    cv: PosFloat = 1.0
+    mean_rate: Rate
+    amplitude: Annotated[Float, Field(ge=0, le=1)] = Field(0.5, description="peak = mean·(1+amplitude)")
+    period_s: Seconds = 86400.0
+    segments: Annotated[Int, Field(ge=1)] = 48
+    cv: CV = 1.0
+
+    @field_validator("segments")
+    @classmethod
+    def _few_segments(cls, v: int) -> int:
+        limits.SEGMENTS.check("segments", v)
+        return v
 
 
 class ServeGenConfig(_Section):
     kind: Literal["servegen"] = "servegen"
     model: Literal["deepseek_r1", "m_large", "m_mid", "m_small"] = "deepseek_r1"
-    mean_rate: PosFloat = Field(description="the series' shape is rescaled to this mean rate")
-    period_s: PosFloat | None = Field(None, description="compress/stretch the whole series to this length")
-    cv: PosFloat = 1.0
+    mean_rate: Rate = Field(description="the series' shape is rescaled to this mean rate")
+    period_s: Seconds | None = Field(None, description="compress/stretch the whole series to this length")
+    cv: CV = 1.0
 
 
 class TraceArrivalConfig(_Section):
     kind: Literal["trace"] = "trace"
-    target_rate: PosFloat | None = Field(None, description="rescale trace time to this mean rate")
-    tick_s: PosFloat | None = Field(None, description="spread quantised timestamps inside ticks (Mooncake: 3)")
+    target_rate: Rate | None = Field(None, description="rescale trace time to this mean rate")
+    tick_s: Seconds | None = Field(None, description="spread quantised timestamps inside ticks (Mooncake: 3)")
 
 
 ArrivalConfig = Annotated[Union[PoissonConfig, GammaConfig, PiecewiseConfig, DiurnalConfig, ServeGenConfig,
@@ -91,7 +115,7 @@ ArrivalConfig = Annotated[Union[PoissonConfig, GammaConfig, PiecewiseConfig, Diu
 # ---- lengths -----------------------------------------------------------------------------------------------
 
 class _LengthBase(_Section):
-    max_total_tokens: Annotated[int, Field(ge=2)] | None = Field(
+    max_total_tokens: Annotated[Int, Field(ge=2, le=MAX_TOKENS)] | None = Field(
         None, description="opt-in Vidur clip: cut prompts so prompt+output <= this; count reported")
 
 
@@ -112,7 +136,7 @@ class EmpiricalLengthConfig(_LengthBase):
     dataset: str | None = Field(None, description="a shared dataset name (see lengths.DATASETS)")
     path: str | None = Field(None, description="a file instead of a dataset name")
     format: Literal["csv", "azure", "mooncake", "vidur", "vidur_run", "lengths"] = "csv"
-    replace: bool = Field(True, description="sample rows with replacement (False: distinct rows, as Vidur)")
+    replace: bool = Field(True, strict=True, description="sample rows with replacement (False: distinct rows, as Vidur)")
 
     @model_validator(mode="after")
     def _one_source(self) -> EmpiricalLengthConfig:
@@ -125,14 +149,14 @@ class EmpiricalLengthConfig(_LengthBase):
 
 
 class ChoiceOption(_Section):
-    prompt: Annotated[int, Field(ge=1)]
-    output: Annotated[int, Field(ge=1)]
-    weight: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
+    prompt: Tokens
+    output: Tokens
+    weight: Weight = 1.0
 
 
 class ChoiceLengthConfig(_LengthBase):
     kind: Literal["choice"] = "choice"
-    options: list[ChoiceOption] = Field(min_length=1)
+    options: list[ChoiceOption] = Field(min_length=1, max_length=10_000)
 
 
 class TraceLengthConfig(_LengthBase):
@@ -146,26 +170,33 @@ LengthConfig = Annotated[Union[FitLengthConfig, EmpiricalLengthConfig, ChoiceLen
 # ---- tiers and trace ---------------------------------------------------------------------------------------
 
 class SLOConfig(_Section):
-    ttft_s: PosFloat | None = None
-    tbt_s: PosFloat | None = None
-    ttlt_s: PosFloat | None = None
-    attainment: Annotated[float, Field(gt=0, le=1)] = 0.99
+    ttft_s: Seconds | None = None
+    tbt_s: Seconds | None = None
+    ttlt_s: Seconds | None = None
+    attainment: Annotated[Float, Field(gt=0, le=1)] = 0.99
 
     def to_slo(self) -> SLO:
         return SLO(self.ttft_s, self.tbt_s, self.ttlt_s, self.attainment)
 
 
 class TiersConfig(_Section):
-    num_tiers: Annotated[int, Field(ge=1)] = 3
+    num_tiers: Annotated[Int, Field(ge=1)] = 3
     mix: Literal["uniform", "gaussian", "enterprise", "weights"] | None = Field(
         None, description="default: the preset's mix (niyama: uniform), else enterprise")
-    weights: list[Annotated[float, Field(ge=0, allow_inf_nan=False)]] | None = None
-    sigma: PosFloat | None = Field(None, description="gaussian mix width in tiers (default K/4)")
+    weights: list[Weight] | None = None
+    sigma: Annotated[Float, Field(gt=0, le=1e6, allow_inf_nan=False)] | None = Field(
+        None, description="gaussian mix width in tiers (default K/4)")
     slos: list[SLOConfig] | None = Field(None, description="one per tier; default tiers.default_slos(K)")
     names: list[str] | None = None
     preset: Literal["niyama"] | None = Field(None, description="niyama: Q1 TTFT 6 s/TBT 50 ms, Q2 TTLT 600 s, "
                                                                "Q3 TTLT 1800 s, 1/3 each")
-    from_trace: bool = Field(True, description="use the trace's tier column when it has one")
+    from_trace: bool = Field(True, strict=True, description="use the trace's tier column when it has one")
+
+    @field_validator("num_tiers")
+    @classmethod
+    def _few_tiers(cls, v: int) -> int:
+        limits.TIERS.check("num_tiers", v)
+        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> TiersConfig:
@@ -210,19 +241,26 @@ class TiersConfig(_Section):
 class TraceConfig(_Section):
     path: str
     format: Literal["csv", "azure", "mooncake", "vidur", "vidur_run"] = "csv"
-    sort: bool = Field(False, description="sort unsorted arrivals (default: error)")
-    min_output: Annotated[int, Field(ge=1)] | None = Field(
+    sort: bool = Field(False, strict=True, description="sort unsorted arrivals (default: error)")
+    min_output: Annotated[Int, Field(ge=1, le=MAX_TOKENS)] | None = Field(
         None, description="clamp output 0 up to this (default: output 0 is an error)")
 
 
 class WorkloadConfig(_Section):
-    num_requests: Annotated[int, Field(ge=1)] | None = Field(
+    num_requests: Annotated[Int, Field(ge=1)] | None = Field(
         2000, description="requests to generate; null = every trace row (trace-driven only)")
-    seed: int = 0
+    seed: Seed = 0
     arrivals: ArrivalConfig = PoissonConfig(rate=12.0)
     lengths: LengthConfig = FitLengthConfig()
     tiers: TiersConfig = TiersConfig()
     trace: TraceConfig | None = None
+
+    @field_validator("num_requests")
+    @classmethod
+    def _few_requests(cls, v: int | None) -> int | None:
+        if v is not None:
+            limits.REQUESTS.check("num_requests", v)
+        return v
 
     @model_validator(mode="after")
     def _trace_use(self) -> WorkloadConfig:
@@ -243,13 +281,11 @@ class WorkloadConfig(_Section):
         try:
             return cls.model_validate(data)
         except ValidationError as e:
-            err = e.errors()[0]
-            where = ".".join(str(p) for p in err["loc"]) or "workload"
-            raise ConfigError(where, err.get("input"), err["msg"]) from None
+            raise config_error_from_validation(e, "workload") from None
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> WorkloadConfig:
-        data = read_mapping(path, "workload file", yaml.safe_load, (yaml.YAMLError,), "YAML")
+        data = read_mapping(path, "workload file", "yaml")
         if "workload" in data and len(data) == 1:
             data = data["workload"]  # accept a file whose top level is `workload:`
         return cls.from_dict(data)
@@ -313,6 +349,12 @@ def build_workload(cfg: WorkloadConfig, seed: int | None = None) -> Workload:
         raise ConfigError("num_requests", n, f"at most {len(rows)} (rows in {cfg.trace.path})")  # type: ignore[union-attr]
 
     times = _arrival_process(cfg.arrivals, rows).sample(n, rng_arr)
+    if n and not (np.isfinite(times[-1]) and times[-1] <= MAX_TIME_S):
+        i = int(np.argmax(~(np.isfinite(times) & (times <= MAX_TIME_S))))
+        raise ConfigError("arrivals", cfg.arrivals.kind,
+                          f"arrivals within {MAX_TIME_S:g} s (float time keeps sub-microsecond resolution only "
+                          f"below it); request {i} would arrive at {float(times[i]):.4g} s: raise the rate or "
+                          "shorten the profile")
     sampler = _length_sampler(cfg.lengths, rows)
     if sampler is None:
         prompts = np.array([r.prompt_tokens for r in rows[:n]], np.int64)  # type: ignore[index]

@@ -1,7 +1,10 @@
 """Trace readers: each turns one public trace format into `list[Request]`, sorted by arrival, ids 0..n-1.
 
 Every malformed value raises `TraceError(source, row, field, value, problem)`; no row is ever dropped or
-changed silently. `row` is the 1-based data row (the header is row 0; JSONL lines count from 1).
+changed silently. `row` is the 1-based data row (the header is row 0; JSONL lines count from 1). Files go
+through the input layer (`tierserve.core.files`): UTF-8 or gzip, no duplicate columns, no ragged rows, sizes
+within the stated limits. Numbers are plain decimal text (no `1_000`) or JSON numbers (never `true`); token
+counts are integers up to 2^31 − 1 and arrival times at most 1e9 s (`tierserve.core.limits`).
 
 Output length 0: Vidur (and the simulator) need prompts >= 1 and outputs >= 1. A zero output is an error
 naming the row unless the caller passes `min_output=1`, which clamps it explicitly and reports the count in
@@ -9,13 +12,16 @@ naming the row unless the caller passes `min_output=1`, which clamps it explicit
 """
 from __future__ import annotations
 
-import csv
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tierserve.core import limits
 from tierserve.core.errors import ConfigError, TraceError
+from tierserve.core.files import CsvTable, open_lines, read_csv_table
+from tierserve.core.limits import MAX_TIME_S, MAX_TOKENS
 from tierserve.core.request import Request
 
 TRACE_FORMATS = ("csv", "azure", "mooncake", "vidur", "vidur_run")
@@ -43,25 +49,64 @@ class ReadResult:
 
 # ---- value parsing ---------------------------------------------------------------------------------------
 
-def _parse_float(src: str, row: int, name: str, raw: object) -> float:
+# A number as text: ASCII digits, optional sign, fraction and exponent. Python's float() also takes `1_000`,
+# non-ASCII digits and surrounding junk-free words like "infinity"; a trace cell must be a plain number.
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_NON_FINITE = re.compile(r"[+-]?(?:nan|inf|infinity)", re.IGNORECASE)
+
+
+def _float_or_none(text: str) -> float | None:
     try:
-        v = float(raw)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise TraceError(src, row, name, raw, "not a number") from None
-    if math.isnan(v):
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _parse_float(src: str, row: int, name: str, raw: object) -> float:
+    """A finite number from a CSV cell (plain decimal text) or a JSON value (a number, never a boolean)."""
+    if type(raw) is str and raw.isascii() and "_" not in raw and _float_or_none(raw) is not None:
+        v = float(raw)        # the common case; with no "_" and ASCII only, float() reads exactly _NUMBER's forms
+    elif isinstance(raw, str):
+        if _NON_FINITE.fullmatch(raw.strip()):
+            raise TraceError(src, row, name, raw, "NaN is not allowed" if "n" == raw.strip().lstrip("+-")[:1].lower()
+                             else "must be finite")
+        raise TraceError(src, row, name, raw, "not a number (plain decimal digits, e.g. 12 or 0.5)")
+    elif isinstance(raw, bool):
+        raise TraceError(src, row, name, raw, "a number is needed, not a boolean")
+    elif isinstance(raw, (int, float)):
+        try:
+            v = float(raw)
+        except OverflowError:
+            raise TraceError(src, row, name, raw, "must be finite") from None
+    else:
+        raise TraceError(src, row, name, raw, "not a number")
+    if v != v:
         raise TraceError(src, row, name, raw, "NaN is not allowed")
-    if math.isinf(v):
+    if v in (math.inf, -math.inf):
         raise TraceError(src, row, name, raw, "must be finite")
     return v
+
+
+def _parse_time(src: str, row: int, name: str, raw: object, scale: float = 1.0) -> float:
+    """An arrival time in seconds (raw value × scale): >= 0 and at most MAX_TIME_S."""
+    t = _parse_float(src, row, name, raw) * scale
+    if t < 0:
+        raise TraceError(src, row, name, raw, "arrival time must be >= 0")
+    if t > MAX_TIME_S:
+        raise TraceError(src, row, name, raw, f"arrival time must be at most {MAX_TIME_S:g} s (beyond it float "
+                                              "time loses sub-microsecond resolution)")
+    return t
 
 
 def _parse_tokens(src: str, row: int, name: str, raw: object, minimum: int) -> int:
     v = _parse_float(src, row, name, raw)
     if v != int(v):
         raise TraceError(src, row, name, raw, "token count must be an integer")
-    n = int(v)
-    if n < 0:
+    if v < 0:
         raise TraceError(src, row, name, raw, "token count must not be negative")
+    if v > MAX_TOKENS:
+        raise TraceError(src, row, name, raw, f"token count must be at most {MAX_TOKENS:,}")
+    n = int(v)
     if n < minimum:
         raise TraceError(src, row, name, raw, f"token count must be >= {minimum}")
     return n
@@ -82,49 +127,31 @@ def _parse_tier(src: str, row: int, raw: object, num_tiers: int | None) -> int:
     v = _parse_float(src, row, "tier", raw)
     if v != int(v) or v < 0:
         raise TraceError(src, row, "tier", raw, "tier must be a non-negative integer")
-    t = int(v)
-    if num_tiers is not None and t >= num_tiers:
-        raise TraceError(src, row, "tier", raw, f"tier outside 0..{num_tiers - 1} (K = {num_tiers})")
-    return t
+    k = num_tiers if num_tiers is not None else limits.TIERS.value
+    if v >= k:
+        raise TraceError(src, row, "tier", raw, f"tier outside 0..{k - 1} (K = {k})" if num_tiers is not None
+                         else f"tier outside 0..{k - 1} ({limits.TIERS.allowed()})")
+    return int(v)
 
 
 def _check_min_output(min_output: int | None) -> None:
-    if min_output is not None and (not isinstance(min_output, int) or min_output < 1):
+    if min_output is not None and (isinstance(min_output, bool) or not isinstance(min_output, int)
+                                   or not 1 <= min_output <= MAX_TOKENS):
         raise ConfigError("min_output", min_output, "None (error on output 0) or an integer >= 1")
 
 
 # ---- row sources ------------------------------------------------------------------------------------------
 
-def _check_file(path: Path) -> None:
-    if not path.is_file():
-        raise TraceError(str(path), None, "<file>", str(path), "file not found")
+def _csv_rows(path: Path, required: tuple[str, ...]) -> CsvTable:
+    """Header and rows of a trace CSV (gzip read transparently), checked by the input layer."""
+    return read_csv_table(path, required, error=TraceError, gzip_ok=True)
 
 
-def _csv_rows(path: Path, required: tuple[str, ...]) -> tuple[list[str], list[dict[str, str]]]:
-    """Header and rows of a CSV file; errors on an empty file or a missing column."""
-    src = str(path)
-    _check_file(path)
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        header = reader.fieldnames
-        if not header:
-            raise TraceError(src, None, "<header>", None, "empty file (no header)")
-        header = [h.strip() for h in header]
-        reader.fieldnames = header
-        missing = [c for c in required if c not in header]
-        if missing:
-            raise TraceError(src, 0, missing[0], None, f"missing column (header has {header})")
-        rows = list(reader)
-    if not rows:
-        raise TraceError(src, None, "<rows>", None, "file has a header but no data rows")
-    return header, rows
-
-
-def _cell(src: str, row: int, rec: dict, name: str) -> str:
-    v = rec.get(name)
-    if v is None or str(v).strip() == "":
+def _cell(src: str, row: int, rec: list[str], col: int, name: str) -> str:
+    v = rec[col]
+    if v == "":
         raise TraceError(src, row, name, v, "empty value")
-    return str(v).strip()
+    return v
 
 
 def _finish(rows: list[TraceRow], src: str, sort: bool, has_arrivals: bool) -> list[TraceRow]:
@@ -143,27 +170,27 @@ def _finish(rows: list[TraceRow], src: str, sort: bool, has_arrivals: bool) -> l
 
 def _parse_columnar(path: Path, cols: tuple[str, str, str | None], *, num_tiers: int | None,
                     min_output: int | None, sort: bool, optional_tier: bool = False,
-                    optional_app: bool = False) -> ReadResult:
-    """Shared CSV path: (arrival column or None, prompt column, output column)."""
+                    optional_app: bool = False, table: CsvTable | None = None) -> ReadResult:
+    """Shared CSV path: (prompt column, output column, arrival column or None)."""
     _check_min_output(min_output)
     src = str(path)
     p_col, o_col, a_col = cols[0], cols[1], cols[2]
     required = tuple(c for c in (a_col, p_col, o_col) if c is not None)
-    header, recs = _csv_rows(path, required)
-    has_tier = optional_tier and "tier" in header
-    has_app = optional_app and "app" in header
+    t = table if table is not None else _csv_rows(path, required)
+    pi, oi = t.index(p_col), t.index(o_col)
+    ai = t.index(a_col) if a_col is not None else None
+    ti = t.index("tier") if optional_tier and t.has("tier") else None
+    api = t.index("app") if optional_app and t.has("app") else None
     out = ReadResult(source=src)
-    for i, rec in enumerate(recs, start=1):
+    for i, rec in enumerate(t.rows, start=1):
         arrival = None
-        if a_col is not None:
-            arrival = _parse_float(src, i, a_col, _cell(src, i, rec, a_col))
-            if arrival < 0:
-                raise TraceError(src, i, a_col, rec[a_col], "arrival time must be >= 0")
-        prompt = _parse_tokens(src, i, p_col, _cell(src, i, rec, p_col), 1)
-        output, clamped = _parse_output(src, i, o_col, _cell(src, i, rec, o_col), min_output)
+        if ai is not None:
+            arrival = _parse_time(src, i, a_col, _cell(src, i, rec, ai, a_col))  # type: ignore[arg-type]
+        prompt = _parse_tokens(src, i, p_col, _cell(src, i, rec, pi, p_col), 1)
+        output, clamped = _parse_output(src, i, o_col, _cell(src, i, rec, oi, o_col), min_output)
         out.num_clamped += clamped
-        tier = _parse_tier(src, i, _cell(src, i, rec, "tier"), num_tiers) if has_tier else None
-        app = (rec.get("app") or "").strip() if has_app else ""
+        tier = _parse_tier(src, i, _cell(src, i, rec, ti, "tier"), num_tiers) if ti is not None else None
+        app = rec[api] if api is not None else ""
         out.rows.append(TraceRow(arrival, prompt, output, tier, app))
     out.rows = _finish(out.rows, src, sort, a_col is not None)
     return out
@@ -184,17 +211,18 @@ def read_lengths_rows(path: str | Path, *, min_output: int | None = None) -> Rea
                            min_output=min_output, sort=False)
 
 
+_AZURE_TS = re.compile(r"([0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2})(?:\.([0-9]{1,9}))?")
+
+
 def _parse_azure_timestamp(src: str, row: int, raw: str) -> float:
     """Azure 2023 `TIMESTAMP` like '2023-11-16 18:15:46.6805900' → POSIX seconds (7 fractional digits)."""
     from datetime import datetime, timezone
 
-    text = raw.strip()
-    frac = 0.0
-    if "." in text:
-        text, f = text.split(".", 1)
-        if not f.isdigit():
-            raise TraceError(src, row, "TIMESTAMP", raw, "not a 'YYYY-MM-DD HH:MM:SS[.fffffff]' timestamp")
-        frac = int(f) / 10 ** len(f)  # datetime parses at most 6 digits; Azure has 7
+    m = _AZURE_TS.fullmatch(raw.strip())
+    if m is None:
+        raise TraceError(src, row, "TIMESTAMP", raw, "not a 'YYYY-MM-DD HH:MM:SS[.fffffff]' timestamp")
+    text, f = m.group(1), m.group(2) or ""
+    frac = int(f) / 10 ** len(f) if f else 0.0  # datetime parses at most 6 digits; Azure has 7
     try:
         dt = datetime.strptime(text, "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc)
     except ValueError:
@@ -204,20 +232,22 @@ def _parse_azure_timestamp(src: str, row: int, raw: str) -> float:
 
 def read_azure_rows(path: str | Path, *, min_output: int | None = None, sort: bool = False) -> ReadResult:
     """Raw Azure LLM inference 2023 CSV (`TIMESTAMP,ContextTokens,GeneratedTokens`); arrivals rebased to
-    the first row (as the shared converted files are)."""
+    the first row (as the shared converted files are; with sort=True, to the earliest)."""
     _check_min_output(min_output)
     path = Path(path)
     src = str(path)
-    _, recs = _csv_rows(path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens"))
+    t = _csv_rows(path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens"))
+    si, ci, gi = t.index("TIMESTAMP"), t.index("ContextTokens"), t.index("GeneratedTokens")
     out = ReadResult(source=src)
-    abs_times = [_parse_azure_timestamp(src, i, _cell(src, i, r, "TIMESTAMP")) for i, r in enumerate(recs, 1)]
-    t0 = abs_times[0]
-    for i, (rec, t) in enumerate(zip(recs, abs_times), start=1):
-        prompt = _parse_tokens(src, i, "ContextTokens", _cell(src, i, rec, "ContextTokens"), 1)
-        output, clamped = _parse_output(src, i, "GeneratedTokens", _cell(src, i, rec, "GeneratedTokens"),
+    abs_times = [_parse_azure_timestamp(src, i, _cell(src, i, r, si, "TIMESTAMP")) for i, r in enumerate(t.rows, 1)]
+    t0 = min(abs_times)  # the first row's time when sorted (an unsorted file is an error unless sort=True)
+    for i, (rec, ts) in enumerate(zip(t.rows, abs_times), start=1):
+        arrival = _parse_time(src, i, "TIMESTAMP", round(ts - t0, 6))
+        prompt = _parse_tokens(src, i, "ContextTokens", _cell(src, i, rec, ci, "ContextTokens"), 1)
+        output, clamped = _parse_output(src, i, "GeneratedTokens", _cell(src, i, rec, gi, "GeneratedTokens"),
                                         min_output)
         out.num_clamped += clamped
-        out.rows.append(TraceRow(round(t - t0, 6), prompt, output))
+        out.rows.append(TraceRow(arrival, prompt, output))
     out.rows = _finish(out.rows, src, sort, True)
     return out
 
@@ -228,29 +258,45 @@ def read_mooncake_rows(path: str | Path, *, min_output: int | None = None, sort:
     path = Path(path)
     src = str(path)
     out = ReadResult(source=src)
-    _check_file(path)
-    with open(path) as f:
-        lines = [(i, ln) for i, ln in enumerate(f, start=1) if ln.strip()]
-    if not lines:
+    row_limit = limits.REQUESTS.value
+    with open_lines(path, error=TraceError, gzip_ok=True) as lines:
+        for i, ln in enumerate(lines, start=1):
+            if not ln.strip():
+                continue
+            if len(out.rows) >= row_limit:
+                raise TraceError(src, i, "<rows>", f"more than {row_limit:,} rows", limits.REQUESTS.allowed())
+            try:
+                obj = json.loads(ln, object_pairs_hook=_unique_keys)
+            except RecursionError:
+                raise TraceError(src, i, "<line>", ln.strip()[:60], "invalid JSON (nested too deeply)") from None
+            except ValueError as e:
+                raise TraceError(src, i, "<line>", ln.strip()[:60],
+                                 f"invalid JSON ({getattr(e, 'msg', None) or e})") from None
+            if not isinstance(obj, dict):
+                raise TraceError(src, i, "<line>", ln.strip()[:60], "expected a JSON object")
+            for k in ("timestamp", "input_length", "output_length"):
+                if k not in obj:
+                    raise TraceError(src, i, k, None, f"missing field (object has {sorted(obj)[:10]})")
+            for k in ("timestamp", "input_length", "output_length"):
+                if isinstance(obj[k], str):
+                    raise TraceError(src, i, k, obj[k], "not a number (a JSON number is needed, not text)")
+            t = _parse_time(src, i, "timestamp", obj["timestamp"], 1e-3)
+            prompt = _parse_tokens(src, i, "input_length", obj["input_length"], 1)
+            output, clamped = _parse_output(src, i, "output_length", obj["output_length"], min_output)
+            out.num_clamped += clamped
+            out.rows.append(TraceRow(t, prompt, output))
+    if not out.rows:
         raise TraceError(src, None, "<rows>", None, "empty file (no JSON lines)")
-    for i, ln in lines:
-        try:
-            obj = json.loads(ln)
-        except json.JSONDecodeError as e:
-            raise TraceError(src, i, "<line>", ln.strip()[:60], f"invalid JSON ({e.msg})") from None
-        if not isinstance(obj, dict):
-            raise TraceError(src, i, "<line>", ln.strip()[:60], "expected a JSON object")
-        for k in ("timestamp", "input_length", "output_length"):
-            if k not in obj:
-                raise TraceError(src, i, k, None, f"missing field (object has {sorted(obj)})")
-        t = _parse_float(src, i, "timestamp", obj["timestamp"])
-        if t < 0:
-            raise TraceError(src, i, "timestamp", obj["timestamp"], "timestamp must be >= 0")
-        prompt = _parse_tokens(src, i, "input_length", obj["input_length"], 1)
-        output, clamped = _parse_output(src, i, "output_length", obj["output_length"], min_output)
-        out.num_clamped += clamped
-        out.rows.append(TraceRow(t / 1000.0, prompt, output))
     out.rows = _finish(out.rows, src, sort, True)
+    return out
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
     return out
 
 
@@ -258,12 +304,9 @@ def read_vidur_rows(path: str | Path, *, min_output: int | None = None, sort: bo
     """Vidur processed trace: `arrived_at,num_prefill_tokens,num_decode_tokens`, or a length-only file
     (no `arrived_at`; rows then have arrival None)."""
     path = Path(path)
-    _check_file(path)
-    with open(path, newline="") as f:
-        first = f.readline()
-    has_arrival = "arrived_at" in [c.strip() for c in first.strip().split(",")]
-    cols = ("num_prefill_tokens", "num_decode_tokens", "arrived_at" if has_arrival else None)
-    return _parse_columnar(path, cols, num_tiers=None, min_output=min_output, sort=sort)
+    table = _csv_rows(path, ("num_prefill_tokens", "num_decode_tokens"))
+    cols = ("num_prefill_tokens", "num_decode_tokens", "arrived_at" if table.has("arrived_at") else None)
+    return _parse_columnar(path, cols, num_tiers=None, min_output=min_output, sort=sort, table=table)
 
 
 def read_vidur_run_rows(run_dir: str | Path, *, min_output: int | None = None) -> ReadResult:
@@ -271,34 +314,36 @@ def read_vidur_run_rows(run_dir: str | Path, *, min_output: int | None = None) -
     `request_arrival_time_series.csv` in request-id order, so the exact same requests replay."""
     _check_min_output(min_output)
     run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise TraceError(str(run_dir), None, "<folder>", str(run_dir), "a Vidur run folder (not found or not a folder)")
     mpath, apath = run_dir / "request_metrics.csv", run_dir / "request_arrival_time_series.csv"
     for p in (mpath, apath):
-        if not p.is_file():
+        if not p.exists():
             raise TraceError(str(run_dir), None, "<file>", p.name, "missing file in Vidur run folder")
     msrc, asrc = str(mpath), str(apath)
-    _, mrecs = _csv_rows(mpath, ("Request Id", "request_num_prefill_tokens", "request_num_decode_tokens"))
-    _, arecs = _csv_rows(apath, ("Time (sec)",))
-    if len(arecs) != len(mrecs):
-        raise TraceError(asrc, None, "<rows>", len(arecs),
-                         f"arrival series has {len(arecs)} rows but request_metrics has {len(mrecs)}")
+    mt = _csv_rows(mpath, ("Request Id", "request_num_prefill_tokens", "request_num_decode_tokens"))
+    at = _csv_rows(apath, ("Time (sec)",))
+    if len(at.rows) != len(mt.rows):
+        raise TraceError(asrc, None, "<rows>", len(at.rows),
+                         f"arrival series has {len(at.rows)} rows but request_metrics has {len(mt.rows)}")
+    ri, pi, di = (mt.index(c) for c in ("Request Id", "request_num_prefill_tokens", "request_num_decode_tokens"))
     by_id: dict[int, tuple[int, int]] = {}
     out = ReadResult(source=msrc)
-    for i, rec in enumerate(mrecs, start=1):
-        rid = _parse_tokens(msrc, i, "Request Id", _cell(msrc, i, rec, "Request Id"), 0)
+    for i, rec in enumerate(mt.rows, start=1):
+        rid = _parse_tokens(msrc, i, "Request Id", _cell(msrc, i, rec, ri, "Request Id"), 0)
         if rid in by_id:
             raise TraceError(msrc, i, "Request Id", rid, "duplicate request id")
         prompt = _parse_tokens(msrc, i, "request_num_prefill_tokens",
-                               _cell(msrc, i, rec, "request_num_prefill_tokens"), 1)
+                               _cell(msrc, i, rec, pi, "request_num_prefill_tokens"), 1)
         output, clamped = _parse_output(msrc, i, "request_num_decode_tokens",
-                                        _cell(msrc, i, rec, "request_num_decode_tokens"), min_output)
+                                        _cell(msrc, i, rec, di, "request_num_decode_tokens"), min_output)
         out.num_clamped += clamped
         by_id[rid] = (prompt, output)
     if sorted(by_id) != list(range(len(by_id))):
         raise TraceError(msrc, None, "Request Id", None, f"ids are not exactly 0..{len(by_id) - 1}")
-    for i, rec in enumerate(arecs, start=1):
-        t = _parse_float(asrc, i, "Time (sec)", _cell(asrc, i, rec, "Time (sec)"))
-        if t < 0:
-            raise TraceError(asrc, i, "Time (sec)", t, "arrival time must be >= 0")
+    ti = at.index("Time (sec)")
+    for i, rec in enumerate(at.rows, start=1):
+        t = _parse_time(asrc, i, "Time (sec)", _cell(asrc, i, rec, ti, "Time (sec)"))
         prompt, output = by_id[i - 1]
         out.rows.append(TraceRow(t, prompt, output))
     out.rows = _finish(out.rows, asrc, False, True)

@@ -46,7 +46,11 @@ def gaussian_mix(k: int, sigma: float | None = None) -> np.ndarray:
     if not (math.isfinite(s) and s > 0):
         raise ConfigError("tiers.sigma", sigma, "a positive number of tiers")
     i = np.arange(k)
-    w = np.exp(-((i - (k - 1) / 2) ** 2) / (2 * s * s))
+    d2 = (i - (k - 1) / 2) ** 2
+    with np.errstate(divide="ignore", invalid="ignore", under="ignore"):
+        w = np.exp(-d2 / (2 * s * s))
+    if not (np.isfinite(w).all() and w.sum() > 0):   # σ so small every weight underflows: its limit,
+        w = (d2 == d2.min()).astype(float)           # all mass on the middle tier(s)
     return w / w.sum()
 
 
