@@ -36,6 +36,10 @@ def test_quick_reproduction_reports_table2_and_starvation(tmp_path):
     rows = json.loads((tmp_path / "uniboost_runs.json").read_text())
     meta = json.loads((tmp_path / "uniboost_meta.json").read_text())
     caps = meta["capacities_rps"]
+    # a finished study says so; partial output (written after every batch) is marked PARTIAL / INTERRUPTED
+    assert meta["status"] == "complete" and meta["runs_done"] == meta["runs_total"] == len(rows)
+    assert "PARTIAL" not in md and "INTERRUPTED" not in md
+    assert re.search(r"\[\d+/\d+\] table2 uniboost ρ=0\.9: stable \d/3", res.stderr if res.stderr_bytes else res.output)
     assert all(v > 0 and math.isfinite(v) for v in caps.values())
     t2 = [r for r in rows if r["section"] == "table2"]
     assert {r["policy"] for r in t2} >= {"srpt", "fcfs", "uniboost", "distboost", "las", "sjf"}

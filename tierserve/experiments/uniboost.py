@@ -7,11 +7,16 @@ found by `find_capacity` (bisection, common random numbers across rates).
 
 Sections (seed 001's numbering): Table 2 (Llama-3-8B, 70% reasoning + 30% Azure conversation, every policy as %
 change vs `srpt`), §4.4 (tightest SLO scale at 99% attainment: P99 of latency / the request's unloaded latency),
-Fig. 7 (CodeLlama-34B TP1, memory-bound: P90/P99 vs ρ per ablation phase), A.3 (starvation: 90% short + 10%
-long, ρ ≈ 0.99, random dispatch), Tables 6–8 (k, δ, chunk), Table 9 (random / round-robin / JSQ dispatch, vs
-`vllm`), and tiers (UniBoost's per-tier offset vs strict tier priority vs `vllm_priority`).
+Fig. 7 (CodeLlama-34B TP1, memory-bound: P90/P99 TTFT and TTLT vs ρ per ablation phase), A.3 (starvation:
+90% short + 10% long, ρ ≈ 0.99, random dispatch), Tables 6–8 (k, δ, chunk, on the Fig. 7 setup), Table 9
+(random / round-robin / JSQ dispatch, vs `vllm`), and tiers (UniBoost's per-tier offset vs strict tier priority
+vs `vllm_priority`).
 
-API: Study (defaults = the full run; Study.quick()), run_study(study, outdir, executor) -> dict,
+Capacities of all setups are searched together (one bisection step per setup per batch, so the pool stays
+full). Runs then go in batches of a few points; after each batch one line per finished point is logged and the
+runs, the report and the meta file are rewritten, marked PARTIAL until the last batch (INTERRUPTED if stopped).
+
+API: Study (defaults = the full run; Study.quick()), run_study(study, outdir, executor, log) -> dict,
 run_point(**job) -> dict (one run's numbers), mixed_requests(setup, rate, seed).
 """
 from __future__ import annotations
@@ -56,29 +61,41 @@ class Setup:
     num_tiers: int = 1
     token_budget: int | None = None     # None: the policy's default (2,048 for the new policies)
     max_total: int = 8192
+    # Simulated time stops `drain_s` after the last arrival; requests still in flight are censored and the run is
+    # judged unstable (a queue that cannot drain in 15 min is not stable, and thrashing runs stay bounded).
+    drain_s: float = 900.0
 
 
 @dataclass(frozen=True)
 class Study:
+    """What to run. The defaults are the full study, sized for ~25 min on 2 shared cores (see the doc for why
+    each size was chosen); `Study.quick()` is the smoke run."""
+
     seeds: tuple[int, ...] = (0, 1, 2)
-    table2: Setup = Setup(num_requests=3000)
-    table2_rhos: tuple[float, ...] = (0.8, 0.95)
-    fig7: Setup = Setup(name="fig7", model="CodeLlama-34B", num_requests=600, max_total=8192)
-    fig7_rhos: tuple[float, ...] = (0.6, 0.8, 0.9, 1.0, 1.1)
-    starvation: Setup = Setup(name="starvation", workload="starvation", num_replicas=4, cluster_policy="random",
-                              num_requests=1600)
+    table2: Setup = Setup(num_requests=2000)
+    table2_rhos: tuple[float, ...] = (0.9,)
+    table2_policies: tuple[str, ...] = TABLE2_POLICIES
+    # Fig. 7: CodeLlama-34B on one A100-80GB leaves ~9 GB of KV (≈ 47k tokens): memory-bound, preemptions happen.
+    fig7: Setup = Setup(name="fig7", model="CodeLlama-34B", num_requests=600)
+    fig7_rhos: tuple[float, ...] = (0.8, 0.95, 1.1)
+    starvation: Setup = Setup(name="starvation", workload="starvation", num_replicas=2, cluster_policy="random",
+                              num_requests=2400)
     starvation_rho: float = 0.99
+    starvation_policies: tuple[str, ...] = ("fcfs", "sjf", "srpt", "las", "uniboost")
+    # Tables 6–8 run on the memory-bound Fig. 7 setup (k and δ only act when something is evicted); the default
+    # variant (k = 256, δ = 32, chunk 2,048) is the Fig. 7 point at sens_rho, not rerun.
     sens_rho: float = 0.95
-    ks: tuple[int, ...] = (64, 256, 1024)
-    deltas: tuple[int, ...] = (0, 32, 256)
-    chunks: tuple[int, ...] = (512, 1024, 2048)
-    dispatch: Setup = Setup(name="dispatch", num_replicas=4, num_requests=2400)
+    ks: tuple[int, ...] = (64, 1024)
+    deltas: tuple[int, ...] = (0, 256)
+    chunks: tuple[int, ...] = (512, 1024)
+    dispatch: Setup = Setup(name="dispatch", num_replicas=4, num_requests=3000)
     dispatch_rho: float = 0.9
-    tiers: Setup = Setup(name="tiers", num_tiers=3, num_requests=1200)
+    tiers: Setup = Setup(name="tiers", num_tiers=3, num_requests=1500)
     tiers_rho: float = 0.9
-    sections: tuple[str, ...] = ("table2", "fig7", "starvation", "sensitivity", "dispatch", "tiers")
+    # run order = priority: an interrupted run leaves the headline first
+    sections: tuple[str, ...] = ("table2", "fig7", "sensitivity", "starvation", "tiers", "dispatch")
     capacity_rel_tol: float = 0.05
-    capacity_executor: str | None = None      # None: the study's executor (tiny runs go faster serially)
+    batch_points: int = 4                    # points (all seeds of one configuration) per batch of runs
 
     @classmethod
     def quick(cls) -> Study:
@@ -86,7 +103,7 @@ class Study:
         return cls(table2=small, table2_rhos=(0.9,), sections=("table2", "starvation"),
                    starvation=Setup(name="starvation", workload="starvation", num_replicas=2,
                                     cluster_policy="random", num_requests=300),
-                   capacity_rel_tol=0.1, capacity_executor="serial")
+                   capacity_rel_tol=0.1, batch_points=8)
 
 
 # ---- one run ------------------------------------------------------------------------------------------------
@@ -110,19 +127,22 @@ def mixed_requests(setup: Setup, rate: float, seed: int) -> list[Request]:
                     tier_set[int(tiers[i])].slo, "long" if lens.reasoning[i] else "short") for i in range(n)]
 
 
-def _cluster(setup: Setup, policy: str, params: dict, cluster_policy: str | None = None):
+def _cluster(setup: Setup, policy: str, params: dict, cluster_policy: str | None = None,
+             time_limit_s: float | None = None):
     from tierserve.sim import ClusterConfig
     replica: dict[str, Any] = {"model": setup.model, "gpu": setup.gpu}
     if setup.token_budget:
         replica["token_budget"] = setup.token_budget
     return ClusterConfig(num_replicas=setup.num_replicas, local_policy=policy, local_policy_params=dict(params),
-                         cluster_policy=cluster_policy or setup.cluster_policy, replica=replica)
+                         cluster_policy=cluster_policy or setup.cluster_policy, replica=replica,
+                         time_limit_s=time_limit_s)
 
 
 def simulate_point(policy: str, params: dict, setup: Setup, rate: float, seed: int):
     from tierserve.sim import simulate
     reqs = mixed_requests(setup, rate, seed)
-    res = simulate(_cluster(setup, policy, params), reqs, setup.num_tiers, seed=seed)
+    limit = reqs[-1].arrival_s + setup.drain_s if setup.drain_s else None
+    res = simulate(_cluster(setup, policy, params, time_limit_s=limit), reqs, setup.num_tiers, seed=seed)
     table = RequestTable.from_states(res.states, res.reasons)
     run = steady_run(table, res.duration_s, default_tier_set(setup.num_tiers), seed, rate)
     return res, table, run
@@ -164,6 +184,7 @@ def run_point(policy: str, params: dict, setup: dict, rate: float, seed: int) ->
     for m in METRICS[:-1]:
         out[m] = allsum.get(m)
     out["ttlt.p90"] = allsum.get("ttlt.p90")
+    out["ttft.p90"] = allsum.get("ttft.p90")
     out["tokens_per_s"] = allsum.output_tokens_per_s
     out["censored"] = allsum.censored
     window = steady_state_mask(table.arrival_s)
@@ -205,57 +226,91 @@ def run_point(policy: str, params: dict, setup: dict, rate: float, seed: int) ->
 
 
 # ---- the study --------------------------------------------------------------------------------------------
-def capacity_of(setup: Setup, seeds, rel_tol: float, executor: str) -> float:
-    """Stable-only capacity (req/s) of `fcfs` on `setup`."""
-    from tierserve.experiments.capacity import find_capacity
+def _capacity_guess(setup: Setup) -> float:
+    """A crude service-rate estimate (mean tokens at full-batch cost) to start the search from."""
     from tierserve.hardware.exec_model import make_execution_model
-    # Bracket from a crude service-rate estimate (mean tokens at full-batch cost), then bisect on measured runs.
     reqs = mixed_requests(setup, 1.0, 0)
     pred = make_execution_model(setup.model, setup.gpu, 1)
     per_tok = pred.iteration_time(2048, 2048 * 1024, 0, 0) / 2048
-    guess = setup.num_replicas / (per_tok * np.mean([r.prompt_tokens + r.output_tokens for r in reqs]))
-    cap = find_capacity(PointRunner("fcfs", (), setup), guess / 8, guess * 4, seeds, rel_tol, executor=executor)
-    return cap.stable_rate
+    return setup.num_replicas / (per_tok * np.mean([r.prompt_tokens + r.output_tokens for r in reqs]))
+
+
+def _cap_run(setup: dict, rate: float, seed: int) -> bool:
+    return bool(PointRunner("fcfs", (), Setup(**setup))(rate, seed).stable)
+
+
+def capacities(setups: list[Setup], seeds, rel_tol: float, executor: str, log=print) -> dict[str, dict]:
+    """Stable-only capacity (req/s) of `fcfs` on each setup: the highest probed rate at which a majority of seeds
+    is judged stable, to `rel_tol`. Geometric search from `_capacity_guess` (doubling/halving until bracketed,
+    then bisection); one probe per unfinished setup per batch, all seeds of all probes in one pool batch."""
+    from tierserve.experiments.sweep import run_many
+    state = {s.name: {"setup": s, "lo": None, "hi": None, "next": _capacity_guess(s), "probes": []} for s in setups}
+    for rnd in range(1, 16):
+        open_ = [st for st in state.values()
+                 if not (st["lo"] and st["hi"] and st["hi"] / st["lo"] <= 1 + rel_tol)]
+        if not open_:
+            break
+        jobs = [{"setup": asdict(st["setup"]), "rate": st["next"], "seed": sd} for st in open_ for sd in seeds]
+        t0 = time.perf_counter()
+        verdicts = run_many(_cap_run, jobs, executor=executor, progress=False, description="capacity probes")
+        for i, st in enumerate(open_):
+            v = verdicts[i * len(seeds):(i + 1) * len(seeds)]
+            ok, rate = sum(v) * 2 > len(v), st["next"]
+            st["probes"].append((rate, int(sum(v)), len(v)))
+            if ok:
+                st["lo"] = rate
+                st["next"] = rate * 2 if st["hi"] is None else math.sqrt(rate * st["hi"])
+            else:
+                st["hi"] = rate
+                st["next"] = rate / 2 if st["lo"] is None else math.sqrt(rate * st["lo"])
+            log(f"[capacity {rnd}] {st['setup'].name}: {rate:.4g} req/s -> {int(sum(v))}/{len(v)} seeds stable; "
+                f"bracket [{st['lo'] or 0:.4g}, {st['hi'] or math.inf:.4g}]  ({time.perf_counter() - t0:.0f} s)")
+    return {name: {"rate": st["lo"] or math.nan, "probes": st["probes"],
+                   "bracket": [st["lo"], st["hi"]]} for name, st in state.items()}
 
 
 def _jobs_for(study: Study, caps: dict[str, float]) -> list[dict[str, Any]]:
+    """Every run, grouped by point, sections in `study.sections` order. `caps` gains the derived setups' bases."""
     jobs = []
 
     def add(section, policy, params, setup, rho):
         for s in study.seeds:
             jobs.append({"section": section, "policy": policy, "params": params, "setup": asdict(setup),
                          "rate": rho * caps[setup.name], "seed": s, "rho": rho})
-    if "table2" in study.sections:
-        for rho in study.table2_rhos:
-            for p in TABLE2_POLICIES:
-                add("table2", p, {}, study.table2, rho)
-    if "fig7" in study.sections:
-        for rho in study.fig7_rhos:
-            for p in ("fcfs", *ABLATION):
-                add("fig7", p, {}, study.fig7, rho)
-    if "starvation" in study.sections:
-        for p in ("fcfs", "sjf", "srpt", "las", "uniboost"):
-            add("starvation", p, {}, study.starvation, study.starvation_rho)
-    if "sensitivity" in study.sections:
-        for k in study.ks:
-            add("sens_k", "uniboost", {"k": k}, study.table2, study.sens_rho)
-        for d in study.deltas:
-            add("sens_delta", "uniboost", {"delta": d}, study.table2, study.sens_rho)
-        for c in study.chunks:
-            su = replace(study.table2, token_budget=c)
-            caps.setdefault(su.name, caps[study.table2.name])
-            for p in ("fcfs", "uniboost"):
-                add(f"sens_chunk{c}", p, {}, su, study.sens_rho)
-    if "dispatch" in study.sections:
-        for cp in ("random", "round_robin", "jsq"):
-            su = replace(study.dispatch, cluster_policy=cp)
-            caps.setdefault(su.name, caps[study.dispatch.name])
-            for p in ("vllm", "uniboost"):
-                add(f"dispatch_{cp}", p, {}, su, study.dispatch_rho)
-    if "tiers" in study.sections:
-        for p, params in (("vllm_priority", {}), ("uniboost", {"tier_mode": "strict"}),
-                          ("uniboost", {"tier_mode": "offset"}), ("uniboost", {"tier_mode": "none"})):
-            add("tiers", p, params, study.tiers, study.tiers_rho)
+    for sec in study.sections:
+        if sec == "table2":
+            for rho in study.table2_rhos:
+                for p in study.table2_policies:
+                    add("table2", p, {}, study.table2, rho)
+        elif sec == "fig7":
+            for rho in study.fig7_rhos:
+                for p in ("fcfs", *ABLATION):
+                    add("fig7", p, {}, study.fig7, rho)
+        elif sec == "sensitivity":
+            for k in study.ks:
+                add("sens_k", "uniboost", {"k": k}, study.fig7, study.sens_rho)
+            for d in study.deltas:
+                add("sens_delta", "uniboost", {"delta": d}, study.fig7, study.sens_rho)
+            for c in study.chunks:
+                su = replace(study.fig7, name=f"fig7_chunk{c}", token_budget=c)
+                caps.setdefault(su.name, caps[study.fig7.name])
+                for p in ("fcfs", "uniboost"):
+                    add("sens_chunk", p, {}, su, study.sens_rho)
+        elif sec == "starvation":
+            for p in study.starvation_policies:
+                add("starvation", p, {}, study.starvation, study.starvation_rho)
+        elif sec == "tiers":
+            for p, params in (("vllm_priority", {}), ("uniboost", {"tier_mode": "strict"}),
+                              ("uniboost", {"tier_mode": "offset"}), ("uniboost", {"tier_mode": "none"})):
+                add("tiers", p, params, study.tiers, study.tiers_rho)
+        elif sec == "dispatch":
+            for cp in ("random", "round_robin", "jsq"):
+                su = replace(study.dispatch, name=f"dispatch_{cp}", cluster_policy=cp)
+                caps.setdefault(su.name, caps[study.dispatch.name])
+                for p in ("vllm", "uniboost"):
+                    add(f"dispatch_{cp}", p, {}, su, study.dispatch_rho)
+        else:
+            raise ValueError(f"unknown section {sec!r}; known: table2, fig7, sensitivity, starvation, tiers, dispatch")
     return jobs
 
 
@@ -264,91 +319,237 @@ def _label(job: dict) -> str:
     return job["policy"] + ("[" + ",".join(f"{k}={v}" for k, v in p.items()) + "]" if p else "")
 
 
-def run_study(study: Study, outdir: str | Path, executor: str = "process") -> dict[str, Any]:
+def _setup_name(job: dict) -> str:
+    return job["setup"]["name"]
+
+
+def _point_key(job: dict) -> tuple:
+    return (job["section"], _setup_name(job), _label(job), job["rho"])
+
+
+def _capacity_setups(study: Study) -> tuple[list[Setup], dict[str, str]]:
+    """Setups whose capacity is measured, and how the others derive theirs (name -> explanation)."""
+    measured: dict[str, Setup] = {}
+    derived: dict[str, str] = {}
+    for sec in study.sections:
+        if sec in ("table2", "tiers"):       # tiers: the same lengths and replica as Table 2 -> its capacity
+            measured.setdefault(study.table2.name, study.table2)
+        if sec in ("fig7", "sensitivity"):
+            measured.setdefault(study.fig7.name, study.fig7)
+        if sec == "starvation":
+            measured.setdefault(study.starvation.name, study.starvation)
+        if sec == "dispatch":               # num_replicas × the one-replica Table 2 capacity (not searched)
+            measured.setdefault(study.table2.name, study.table2)
+            derived[study.dispatch.name] = (f"{study.dispatch.num_replicas} × the one-replica `fcfs` capacity of "
+                                            f"{study.table2.name} (not searched on {study.dispatch.num_replicas} "
+                                            "replicas)")
+    if "tiers" in study.sections:
+        derived[study.tiers.name] = f"the `fcfs` capacity of {study.table2.name} (same lengths and replica)"
+    return list(measured.values()), derived
+
+
+def run_study(study: Study, outdir: str | Path, executor: str = "process", log=print,
+              reuse_meta: str | Path | None = None, resume: bool = False) -> dict[str, Any]:
+    """Capacities, then every point in batches (see the module doc). `reuse_meta`: a previous run's
+    uniboost_meta.json whose measured capacities (and probes) are taken instead of searching again — only for
+    setups identical to this study's (same requests, model, replicas, workload); the others are searched.
+    `resume`: keep the runs already in outdir's uniboost_runs.json that match a job of this study exactly (same
+    policy, parameters, setup, rate and seed) and run only the rest."""
+    from tierserve.core.errors import Interrupted
     from tierserve.experiments.sweep import run_many
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    caps: dict[str, float] = {}
-    cap_exec = study.capacity_executor or executor
-    setups = {"table2": study.table2, "fig7": study.fig7, "starvation": study.starvation,
-              "sensitivity": study.table2, "dispatch": study.dispatch, "tiers": study.tiers}
-    for sec in study.sections:
-        su = setups[sec]
-        if su.name not in caps:
-            if sec == "tiers":      # same lengths and cluster as Table 2: its capacity
-                caps[su.name] = caps.get(study.table2.name) or capacity_of(study.table2, study.seeds,
-                                                                             study.capacity_rel_tol, cap_exec)
-            else:
-                caps[su.name] = capacity_of(su, study.seeds, study.capacity_rel_tol, cap_exec)
+    to_measure, derived = _capacity_setups(study)
+    old_meta = (json.loads((out / "uniboost_meta.json").read_text())
+                if resume and (out / "uniboost_meta.json").exists() else None)
+    meta: dict[str, Any] = {"status": "capacity search", "study": asdict(study), "capacities_rps": {},
+                            "capacity_derived": derived}
+    found: dict[str, dict] = {}
+    if reuse_meta is not None:
+        old = json.loads(Path(reuse_meta).read_text())
+        old_setups = {v["name"]: v for v in old["study"].values() if isinstance(v, dict) and "name" in v}
+        for su in list(to_measure):
+            prev = old_setups.get(su.name)
+            same = prev is not None and all(prev.get(f) == v for f, v in asdict(su).items() if f != "drain_s")
+            if same and su.name in old.get("capacity_probes", {}):
+                found[su.name] = {"rate": old["capacities_rps"][su.name], "probes": old["capacity_probes"][su.name]}
+                to_measure.remove(su)
+                log(f"capacity of {su.name}: {found[su.name]['rate']:.4g} req/s, reused from {reuse_meta}")
+        meta["capacity_reused_from"] = str(reuse_meta)
+    _write_json(out / "uniboost_meta.json", meta)
+    (out / "uniboost_report.md").write_text("# UniBoost (seed 001) on tierserve\n\n**PARTIAL: still searching "
+                                            "capacities; no point has run yet.**\n")
+    if to_measure:
+        log(f"capacity search for {', '.join(s.name for s in to_measure)} ({len(study.seeds)} seeds per probe)")
+        found.update(capacities(to_measure, study.seeds, study.capacity_rel_tol, executor, log))
+    caps = {k: v["rate"] for k, v in found.items()}
+    if study.dispatch.name in derived:
+        caps[study.dispatch.name] = study.dispatch.num_replicas * caps[study.table2.name]
+    if study.tiers.name in derived:
+        caps[study.tiers.name] = caps[study.table2.name]
     cap_wall = time.perf_counter() - t0
-    caps = dict(caps)
     jobs = _jobs_for(study, caps)
-    meta_keys = ("section", "rho")
-    results = run_many(run_point, [{k: v for k, v in j.items() if k not in meta_keys} for j in jobs],
-                       executor=executor, progress=False)
-    rows = []
-    for j, r in zip(jobs, results):
-        rows.append({**r, "section": j["section"], "rho": j["rho"], "label": _label(j)})
-    (out / "uniboost_runs.json").write_text(json.dumps(rows, indent=1, default=float) + "\n")
-    md = report(study, rows, caps)
-    md += f"\n_Capacity searches {cap_wall:.0f} s; {len(jobs)} runs; total wall {time.perf_counter() - t0:.0f} s._\n"
-    (out / "uniboost_report.md").write_text(md)
-    (out / "uniboost_meta.json").write_text(json.dumps({"capacities_rps": caps, "study": asdict(study)}, indent=1,
-                                                       default=str) + "\n")
+    meta.update(capacities_rps=caps, capacity_probes={k: v["probes"] for k, v in found.items()},
+                capacity_wall_s=cap_wall, status="running", runs_total=len(jobs))
+    log("capacities (fcfs, stable-only): " + ", ".join(f"{k} {v:.4g} req/s" for k, v in caps.items())
+        + f"  [{cap_wall:.0f} s]; {len(jobs)} runs to go")
+    _write_json(out / "uniboost_meta.json", meta)
+
+    points: dict[tuple, list[int]] = {}
+    for i, j in enumerate(jobs):
+        points.setdefault(_point_key(j), []).append(i)
+    keys = list(points)
+    batches = [keys[i:i + study.batch_points] for i in range(0, len(keys), study.batch_points)]
+    rows: list[dict[str, Any]] = []
+    def job_id(policy, params, setup_name, rate, seed) -> str:
+        return json.dumps([policy, params, setup_name, round(rate, 9), seed], sort_keys=True, default=float)
+    have: set[str] = set()
+    if resume and (out / "uniboost_runs.json").exists() and old_meta is not None:
+        # a run is kept only if its setup family is unchanged (the previous meta's Setup equals this study's)
+        same = {k for k, v in asdict(study).items() if isinstance(v, dict) and old_meta["study"].get(k) == v}
+        fam = {getattr(study, k).name for k in same}
+        old_rows = {job_id(r["policy"], r["params"], r["setup"], r["rate"], r["seed"]): r
+                    for r in json.loads((out / "uniboost_runs.json").read_text())}
+        for j in jobs:
+            base = j["setup"]["name"].split("_chunk")[0].split("_")[0]
+            r = old_rows.get(job_id(j["policy"], j["params"], j["setup"]["name"], j["rate"], j["seed"]))
+            if r is not None and base in fam:
+                rows.append(r)
+                have.add(job_id(j["policy"], j["params"], j["setup"]["name"], j["rate"], j["seed"]))
+        meta["resumed_runs"] = len(rows)
+        log(f"resume: {len(rows)} of {len(jobs)} runs kept from {out / 'uniboost_runs.json'} "
+            f"(unchanged setups: {', '.join(sorted(fam))})")
+
+    def flush(status: str) -> str:
+        meta.update(status=status, runs_done=len(rows), wall_s=time.perf_counter() - t0)
+        _write_json(out / "uniboost_runs.json", rows)
+        _write_json(out / "uniboost_meta.json", meta)
+        n_done: dict[tuple, int] = {}
+        for r in rows:
+            kk = (r["section"], r["setup"], r["label"], r["rho"])
+            n_done[kk] = n_done.get(kk, 0) + 1
+        missing = [k for k in keys if n_done.get(k, 0) < len(points[k])]
+        md = report(study, rows, caps, derived)
+        if missing:
+            secs = sorted({k[0] for k in missing}, key=[k[0] for k in keys].index)
+            md = md.replace("# UniBoost (seed 001) on tierserve\n", "# UniBoost (seed 001) on tierserve\n\n"
+                            f"**{status}: {len(keys) - len(missing)} of {len(keys)} points finished "
+                            f"({len(rows)} of {len(jobs)} runs). Sections with points still missing: "
+                            f"{', '.join(secs)}. Not the complete study.**\n", 1)
+        md += (f"\n_Capacity searches {cap_wall:.0f} s; {len(rows)} of {len(jobs)} runs; "
+               f"wall {time.perf_counter() - t0:.0f} s ({executor})._\n")
+        (out / "uniboost_report.md").write_text(md)
+        return md
+
+    def add_rows(idx: list[int], results: list) -> None:
+        for i, r in zip(idx, results):
+            if r is not None:
+                rows.append({**r, "section": jobs[i]["section"], "rho": jobs[i]["rho"], "label": _label(jobs[i])})
+
+    for b, batch in enumerate(batches, 1):
+        idx = [i for k in batch for i in points[k]
+               if job_id(jobs[i]["policy"], jobs[i]["params"], jobs[i]["setup"]["name"], jobs[i]["rate"],
+                         jobs[i]["seed"]) not in have]
+        if not idx:
+            continue
+        # the longest runs first (boost-family policies, more requests), so the pool's tail is short
+        idx.sort(key=lambda i: -(jobs[i]["setup"]["num_requests"] * (2.5 if "boost" in jobs[i]["policy"] else 1.0)))
+        tb = time.perf_counter()
+        try:
+            res = run_many(run_point, [{k: v for k, v in jobs[i].items() if k not in ("section", "rho")}
+                                       for i in idx], executor=executor, progress=True,
+                           description=f"batch {b}/{len(batches)}")
+        except Interrupted as e:
+            add_rows(idx, e.results)
+            flush("INTERRUPTED")
+            raise
+        add_rows(idx, res)
+        for k in batch:
+            g = [r for r in rows if (r["section"], r["setup"], r["label"], r["rho"]) == k]
+            log(f"[{b}/{len(batches)}] {k[0]} {k[2]} ρ={k[3]}: stable {stable_share(g)}, "
+                f"ttft.p95 {ci(g, 'ttft.p95')} s, ttlt.p99 {ci(g, 'ttlt.p99')} s, "
+                f"preemptions {ci(g, 'preemptions')}")
+        log(f"[{b}/{len(batches)}] batch of {len(idx)} runs in {time.perf_counter() - tb:.0f} s; "
+            f"{len(rows)}/{len(jobs)} runs done, {time.perf_counter() - t0:.0f} s elapsed")
+        flush("PARTIAL" if b < len(batches) else "complete")
+    md = flush("complete")
     return {"markdown": md, "rows": rows, "capacities": caps}
 
 
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=float) + "\n")
+    tmp.replace(path)
+
+
 # ---- report -------------------------------------------------------------------------------------------------
-def group(rows, section, label=None, rho=None):
+def group(rows, section, label=None, rho=None, setup=None):
     return [r for r in rows if r["section"] == section and (label is None or r["label"] == label)
-            and (rho is None or r["rho"] == rho)]
+            and (rho is None or r["rho"] == rho) and (setup is None or r["setup"] == setup)]
 
 
 def ci(rows, metric) -> str:
-    iv = mean_ci95([r.get(metric, math.nan) for r in rows])
+    vals = [r.get(metric, math.nan) for r in rows]
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return "—"
+    iv = mean_ci95(vals)
     return f"{iv.mean:.3g} ± {iv.half_width:.2g}" if math.isfinite(iv.half_width) else f"{iv.mean:.3g}"
 
 
 def stable_share(rows) -> str:
-    return f"{sum(r['stable'] for r in rows)}/{len(rows)}"
+    return f"{sum(r['stable'] for r in rows)}/{len(rows)}" if rows else "—"
 
 
 def pct_vs(rows, base, metric, higher_better=False) -> str:
     """Mean over seeds of the per-seed % improvement vs `base` (seed 001's sign: positive = better), ± 95%."""
-    by_seed = {r["seed"]: r[metric] for r in base}
+    by_seed = {r["seed"]: r.get(metric) for r in base}
     vals = []
     for r in rows:
-        b = by_seed.get(r["seed"])
-        if b is not None and b > 0 and math.isfinite(r[metric]):
-            vals.append(100.0 * ((r[metric] - b) if higher_better else (b - r[metric])) / b)
+        b, v = by_seed.get(r["seed"]), r.get(metric)
+        if b is not None and v is not None and b > 0 and math.isfinite(v):
+            vals.append(100.0 * ((v - b) if higher_better else (b - v)) / b)
+    if not vals:
+        return "—"
     iv = mean_ci95(vals)
     return f"{iv.mean:+.0f}% ± {iv.half_width:.0f}" if math.isfinite(iv.half_width) else f"{iv.mean:+.0f}%"
 
 
-def report(study: Study, rows, caps) -> str:
+def _ratio(a_rows, b_rows, metric) -> str:
+    a = [r[metric] for r in a_rows if r.get(metric) is not None]
+    b = [r[metric] for r in b_rows if r.get(metric) is not None]
+    return f"{np.mean(a) / np.mean(b):.2f}×" if a and b and np.mean(b) > 0 else "—"
+
+
+def report(study: Study, rows, caps, derived=None) -> str:
+    derived = derived or {}
     lines = ["# UniBoost (seed 001) on tierserve", "",
              f"Seeds {list(study.seeds)}; steady state = ⌊0.1·n⌋ first and last arrivals dropped; ± = 95% interval "
              "over seeds; `stable` = seeds whose queue-trend verdict is stable. ρ = rate / stable-only capacity "
-             "of `fcfs` on the same setup.", "",
-             "Capacities (fcfs, stable-only): " + ", ".join(f"{k} {v:.3g} req/s" for k, v in caps.items()), ""]
-    for rho in study.table2_rhos if "table2" in study.sections else ():
+             "of `fcfs` on the same setup. Improvements use seed 001's sign: positive = better.", "",
+             "Capacities (fcfs, stable-only): " + ", ".join(
+                 f"{k} {v:.4g} req/s" + (" (derived: " + derived[k] + ")" if k in derived else "")
+                 for k, v in caps.items() if k in derived or k in (study.table2.name, study.fig7.name,
+                                                                    study.starvation.name)), ""]
+    sec_rows = lambda s: [r for r in rows if r["section"] == s]  # noqa: E731
+    for rho in study.table2_rhos if sec_rows("table2") else ():
         base = group(rows, "table2", "srpt", rho)
         lines += [f"## Table 2 — % change vs srpt (TRAIL+), ρ = {rho} ({rho * caps[study.table2.name]:.3g} req/s), "
                   f"{study.table2.model}, {study.table2.num_requests} requests, 70% reasoning + 30% Azure conv", "",
                   "| policy | stable | " + " | ".join(METRICS) + " |", "|" + "---|" * (len(METRICS) + 2)]
-        for p in TABLE2_POLICIES:
+        for p in study.table2_policies:
             g = group(rows, "table2", p, rho)
             cells = [pct_vs(g, base, m, higher_better=(m == "tokens_per_s")) for m in METRICS]
             lines.append(f"| {p} | {stable_share(g)} | " + " | ".join(cells) + " |")
         lines += ["", "Absolute values (s; tokens/s):", "",
-                  "| policy | ttft.p95 | ttft.p99 | ttlt.p99 | tpot.p99 | tokens_per_s | preemptions (forced) |",
-                  "|---|---|---|---|---|---|---|"]
-        for p in TABLE2_POLICIES:
+                  "| policy | ttft.p95 | ttft.p99 | ttlt.p50 | ttlt.p99 | tpot.p99 | tokens_per_s | "
+                  "preemptions (forced) |", "|---|---|---|---|---|---|---|---|"]
+        for p in study.table2_policies:
             g = group(rows, "table2", p, rho)
-            lines.append(f"| {p} | {ci(g, 'ttft.p95')} | {ci(g, 'ttft.p99')} | {ci(g, 'ttlt.p99')} | "
-                         f"{ci(g, 'tpot.p99')} | {ci(g, 'tokens_per_s')} | {ci(g, 'preemptions')} "
-                         f"({ci(g, 'forced_preemptions')}) |")
+            lines.append(f"| {p} | {ci(g, 'ttft.p95')} | {ci(g, 'ttft.p99')} | {ci(g, 'ttlt.p50')} | "
+                         f"{ci(g, 'ttlt.p99')} | {ci(g, 'tpot.p99')} | {ci(g, 'tokens_per_s')} | "
+                         f"{ci(g, 'preemptions')} ({ci(g, 'forced_preemptions')}) |")
         fc = group(rows, "table2", "fcfs", rho)
         ub = group(rows, "table2", "uniboost", rho)
         lines += ["", f"Headline at ρ = {rho}: UniBoost vs srpt — P99 TTLT {pct_vs(ub, base, 'ttlt.p99')} "
@@ -358,62 +559,99 @@ def report(study: Study, rows, caps) -> str:
         lines += [f"### §4.4 — tightest SLO scale met by 99% (P99 of latency / unloaded latency), ρ = {rho}", "",
                   "| policy | TTFT scale | TTLT scale | TTFT gain of uniboost | TTLT gain of uniboost |",
                   "|---|---|---|---|---|"]
-        for p in TABLE2_POLICIES:
+        for p in study.table2_policies:
             g = group(rows, "table2", p, rho)
-            gain_f = np.mean([r["ttft_scale99"] for r in g]) / np.mean([r["ttft_scale99"] for r in ub])
-            gain_l = np.mean([r["ttlt_scale99"] for r in g]) / np.mean([r["ttlt_scale99"] for r in ub])
-            lines.append(f"| {p} | {ci(g, 'ttft_scale99')} | {ci(g, 'ttlt_scale99')} | {gain_f:.2f}× | {gain_l:.2f}× |")
+            lines.append(f"| {p} | {ci(g, 'ttft_scale99')} | {ci(g, 'ttlt_scale99')} | "
+                         f"{_ratio(g, ub, 'ttft_scale99')} | {_ratio(g, ub, 'ttlt_scale99')} |")
         lines += ["", f"(seed: {SEED_SLO_GAIN[0]}–{SEED_SLO_GAIN[1]}× tighter TTFT SLO at 99% with UniBoost)", ""]
-    if "fig7" in study.sections:
-        lines += [f"## Fig. 7 — {study.fig7.model} TP1, P90/P99 TTLT (s) vs ρ", "",
-                  "| policy | " + " | ".join(f"ρ={r} p90 / p99 (stable)" for r in study.fig7_rhos) + " |",
+    if sec_rows("fig7"):
+        cap = caps[study.fig7.name]
+        for metric, name in (("ttft", "TTFT"), ("ttlt", "TTLT")):
+            lines += [f"## Fig. 7 — {study.fig7.model} TP1 on {study.fig7.gpu}, {study.fig7.num_requests} requests: "
+                      f"P90 / P99 {name} (s) vs ρ (stable seeds)", "",
+                      "| policy | " + " | ".join(f"ρ={r} ({r * cap:.3g} req/s)" for r in study.fig7_rhos) + " |",
+                      "|" + "---|" * (len(study.fig7_rhos) + 1)]
+            for p in ("fcfs", *ABLATION):
+                cells = []
+                for rho in study.fig7_rhos:
+                    g = group(rows, "fig7", p, rho)
+                    cells.append(f"{ci(g, metric + '.p90')} / {ci(g, metric + '.p99')} ({stable_share(g)})"
+                                 if g else "—")
+                lines.append(f"| {p} | " + " | ".join(cells) + " |")
+            lines.append("")
+        lines += ["Preemptions per run (forced = outside MemGuard's rules; for policies without MemGuard every "
+                  "eviction counts as forced):", "",
+                  "| policy | " + " | ".join(f"ρ={r}" for r in study.fig7_rhos) + " |",
                   "|" + "---|" * (len(study.fig7_rhos) + 1)]
         for p in ("fcfs", *ABLATION):
-            cells = []
-            for rho in study.fig7_rhos:
-                g = group(rows, "fig7", p, rho)
-                cells.append(f"{ci(g, 'ttlt.p90') if 'ttlt.p90' in g[0] else ci(g, 'ttlt.p95')} / {ci(g, 'ttlt.p99')} "
-                             f"({stable_share(g)})")
+            cells = [f"{ci(g, 'preemptions')} ({ci(g, 'forced_preemptions')})" if (g := group(rows, "fig7", p, rho))
+                     else "—" for rho in study.fig7_rhos]
             lines.append(f"| {p} | " + " | ".join(cells) + " |")
         lines += ["", f"(seed: {SEED_FIG7})", ""]
-    if "starvation" in study.sections:
+    sens = [r for r in rows if r["section"].startswith("sens_")]
+    if sens:
+        rho = study.sens_rho
+        ref = group(rows, "fig7", "uniboost", rho)
+        ref_f = group(rows, "fig7", "fcfs", rho)
+        lines += [f"## Tables 6–8 — sensitivity of uniboost on the Fig. 7 setup, ρ = {rho}", "",
+                  "Default: k = 256, δ = 32, chunk (token budget) 2,048 — the Fig. 7 point at this ρ. "
+                  "% = change vs that default (positive = better); Table 8's rows also vs `fcfs` at the same chunk.",
+                  "", "| variant | stable | ttft.p99 (s) | ttlt.p99 (s) | tpot.p99 (s) | preemptions | "
+                  "Δ ttft.p99 | Δ ttlt.p99 |", "|---|---|---|---|---|---|---|---|"]
+
+        def row(name, g, base):
+            return (f"| {name} | {stable_share(g)} | {ci(g, 'ttft.p99')} | {ci(g, 'ttlt.p99')} | {ci(g, 'tpot.p99')} | "
+                    f"{ci(g, 'preemptions')} | {pct_vs(g, base, 'ttft.p99')} | {pct_vs(g, base, 'ttlt.p99')} |")
+        lines.append(row("uniboost default (k=256, δ=32, chunk 2048)", ref, ref))
+        for k in study.ks:
+            lines.append(row(f"Table 6: k = {k}", group(rows, "sens_k", f"uniboost[k={k}]"), ref))
+        for d in study.deltas:
+            lines.append(row(f"Table 7: δ = {d}", group(rows, "sens_delta", f"uniboost[delta={d}]"), ref))
+        lines.append(row("fcfs, chunk 2048", ref_f, ref_f))
+        for c in study.chunks:
+            f_ = group(rows, "sens_chunk", "fcfs", setup=f"{study.fig7.name}_chunk{c}")
+            u_ = group(rows, "sens_chunk", "uniboost", setup=f"{study.fig7.name}_chunk{c}")
+            lines.append(row(f"Table 8: fcfs, chunk {c}", f_, f_))
+            lines.append(row(f"Table 8: uniboost, chunk {c} (Δ vs fcfs at chunk {c})", u_, f_))
+        lines.append(row("uniboost, chunk 2048 (Δ vs fcfs at chunk 2048)", ref, ref_f))
+        lines.append("")
+    if sec_rows("starvation"):
         su = study.starvation
-        lines += [f"## A.3 — starvation: 90% short (125/100) + 10% long (2k/6k), ρ = {study.starvation_rho}, "
-                  f"{su.num_replicas} replicas, {su.cluster_policy} dispatch", "",
+        lines += [f"## A.3 — starvation: 90% short (125/100) + 10% long (2k/6k), ρ = {study.starvation_rho} "
+                  f"({study.starvation_rho * caps[su.name]:.3g} req/s), {su.num_replicas} replicas, "
+                  f"{su.cluster_policy} dispatch, {su.num_requests} requests", "",
                   "| policy | stable | short E2E p50 / p99 (s) | long E2E p50 / p99 (s) | long slope (s/req) | "
-                  "long preempted p99 (s) |", "|---|---|---|---|---|---|"]
-        for p in ("fcfs", "sjf", "srpt", "las", "uniboost"):
+                  "long preempted p99 (s) | preemptions |", "|---|---|---|---|---|---|---|"]
+        for p in study.starvation_policies:
             g = group(rows, "starvation", p)
-            lines.append(f"| {p} | {stable_share(g)} | {ci(g, 'short_e2e.p50')} / {ci(g, 'short_e2e.p99')} | "
-                         f"{ci(g, 'long_e2e.p50')} / {ci(g, 'long_e2e.p99')} | {ci(g, 'long_slope_s_per_req')} | "
-                         f"{ci(g, 'long_preempted_s.p99')} |")
-        lines.append("")
-    if "sensitivity" in study.sections:
-        lines += [f"## Tables 6–8 — sensitivity of uniboost at ρ = {study.sens_rho} (Table 2 setup)", "",
-                  "| variant | stable | ttft.p99 | ttlt.p99 | tpot.p99 | preemptions |", "|---|---|---|---|---|---|"]
-        for sec in sorted({r["section"] for r in rows if r["section"].startswith("sens_")}):
-            for lab in sorted({r["label"] for r in rows if r["section"] == sec}):
-                g = group(rows, sec, lab)
-                lines.append(f"| {sec} {lab} | {stable_share(g)} | {ci(g, 'ttft.p99')} | {ci(g, 'ttlt.p99')} | "
-                             f"{ci(g, 'tpot.p99')} | {ci(g, 'preemptions')} |")
-        lines.append("")
-    if "dispatch" in study.sections:
-        lines += [f"## Table 9 — uniboost vs vllm under dispatch policies, {study.dispatch.num_replicas} replicas, "
-                  f"ρ = {study.dispatch_rho}", "", "| dispatch | stable (vllm / uniboost) | TTFT p99 | TBT (TPOT) p99 | "
-                  "E2E p99 | E2E p50 |", "|---|---|---|---|---|---|"]
-        for cp in ("random", "round_robin", "jsq"):
-            v, u = group(rows, f"dispatch_{cp}", "vllm"), group(rows, f"dispatch_{cp}", "uniboost")
-            lines.append(f"| {cp} | {stable_share(v)} / {stable_share(u)} | {pct_vs(u, v, 'ttft.p99')} | "
-                         f"{pct_vs(u, v, 'tpot.p99')} | {pct_vs(u, v, 'ttlt.p99')} | {pct_vs(u, v, 'ttlt.p50')} |")
-        lines.append("")
-    if "tiers" in study.sections:
+            if g:
+                lines.append(f"| {p} | {stable_share(g)} | {ci(g, 'short_e2e.p50')} / {ci(g, 'short_e2e.p99')} | "
+                             f"{ci(g, 'long_e2e.p50')} / {ci(g, 'long_e2e.p99')} | {ci(g, 'long_slope_s_per_req')} "
+                             f"| {ci(g, 'long_preempted_s.p99')} | {ci(g, 'preemptions')} |")
+        lines += ["", "(seed: slopes ≈ 0.0003 s/req, no policy starves long requests at ρ < 1)", ""]
+    if sec_rows("tiers"):
         k = study.tiers.num_tiers
-        lines += [f"## Tiers — {k} tiers (enterprise mix, default SLOs), ρ = {study.tiers_rho}", "",
-                  "| policy | stable | " + " | ".join(f"tier{t} TTFT p99 / attainment" for t in range(k)) + " |",
+        lines += [f"## Tiers — {k} tiers (enterprise mix, default SLOs), ρ = {study.tiers_rho} "
+                  f"({study.tiers_rho * caps[study.tiers.name]:.3g} req/s), {study.tiers.num_requests} requests "
+                  "(no seed counterpart)", "",
+                  "| policy | stable | " + " | ".join(f"tier{t} TTFT p99 (s) / attainment" for t in range(k)) + " |",
                   "|" + "---|" * (k + 2)]
         for lab in sorted({r["label"] for r in rows if r["section"] == "tiers"}):
             g = group(rows, "tiers", lab)
             lines.append(f"| {lab} | {stable_share(g)} | " + " | ".join(
                 f"{ci(g, f'tier{t}.ttft.p99')} / {ci(g, f'tier{t}.attainment')}" for t in range(k)) + " |")
+        lines.append("")
+    if any(r["section"].startswith("dispatch_") for r in rows):
+        su = study.dispatch
+        lines += [f"## Table 9 — uniboost vs vllm under dispatch policies, {su.num_replicas} replicas, "
+                  f"{su.num_requests} requests, ρ = {study.dispatch_rho} ({study.dispatch_rho * caps[su.name]:.3g} "
+                  "req/s)", "", "| dispatch | stable (vllm / uniboost) | TTFT p99 | TBT (TPOT) p99 | E2E p99 | "
+                  "E2E p50 | vllm E2E p99 (s) | uniboost E2E p99 (s) |", "|---|---|---|---|---|---|---|---|"]
+        for cp in ("random", "round_robin", "jsq"):
+            v, u = group(rows, f"dispatch_{cp}", "vllm"), group(rows, f"dispatch_{cp}", "uniboost")
+            if v or u:
+                lines.append(f"| {cp} | {stable_share(v)} / {stable_share(u)} | {pct_vs(u, v, 'ttft.p99')} | "
+                             f"{pct_vs(u, v, 'tpot.p99')} | {pct_vs(u, v, 'ttlt.p99')} | {pct_vs(u, v, 'ttlt.p50')} "
+                             f"| {ci(v, 'ttlt.p99')} | {ci(u, 'ttlt.p99')} |")
         lines.append("")
     return "\n".join(lines)
