@@ -455,8 +455,8 @@ class Study:
     rel_tol: float = 0.05
     ladder_k: int = 4                                   # K of the controls (the seed's optimum)
     controls: tuple[str, ...] = ("fcfs", "local_prio", "headroom", "both", "+migration", "+hold", "llumnix_k")
-    ks: tuple[int, ...] = (1, 2, 4, 10)                 # llumnix_k sweep (a subset of 1…10, for wall time)
-    adaptive_ks: tuple[int, ...] = (4,)                 # K = 1 has no budget to adapt
+    ks: tuple[int, ...] = tuple(range(1, 11))           # llumnix_k sweep, K = 1…10
+    adaptive_ks: tuple[int, ...] = tuple(range(2, 11))  # K = 1 has no budget to adapt
     rhos: tuple[float, ...] = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1)
     bursty_rhos: tuple[float, ...] = (0.5, 0.8, 1.1)
     bursty_arrivals: tuple[Arrival, ...] = (Arrival("gamma", 2.0), Arrival("gamma", 4.0), Arrival("servegen"))
