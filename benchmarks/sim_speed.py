@@ -2,6 +2,7 @@
 
     python benchmarks/sim_speed.py [--repeats 3] [--sizes 1000,10000,50000] [--no-scaling]
                                    [--scale-sizes 10000,50000] [--big] [--replicas-sweep] [--stacks a,b]
+    python benchmarks/sim_speed.py --scale [--scale-n 100000,1000000,10000000] [--scale-records parquet]
 
 What is timed. Every tierserve run is a fresh `python` process, timed **whole** from the parent — interpreter
 start, imports, reading the requests, the event loop and writing `requests.csv` + `summary.json` +
@@ -29,6 +30,14 @@ request and µs per event at each size (10k and 50k by default; `--big` adds 1M)
 (`--replicas-sweep`: 1…64 at 10k requests per replica, 64 opt-in with `--big`). The check: time per
 request at the largest size within 1.5× of 10k, per stack. Cluster policies that need parameters (e.g.
 `silo`) are listed and skipped.
+
+Memory at scale (section 3, `--scale`): one stack (vllm + round_robin, 16 replicas, Poisson 4 req/s per
+replica, 3 tiers, `azure2023_conv` fitted lengths) run **streamed** (`run_scenario(..., stream=True)`: requests
+generated as they arrive, records written to disk as requests end, statistics from streaming estimators) at
+100k, 1M and 10M requests (`--scale-n`), each a fresh process: peak RSS, wall and seconds per request. The
+checks: peak RSS at the largest size within 2x of 1M, and CPU seconds per request (user + sys of the whole
+process, imports included; wall is printed too but on a shared machine it measures the neighbours) within 1.5x of
+the smallest size.
 
 The machine is shared: timings are noisy. Read medians of interleaved repeats, and the event counts (exact).
 """
@@ -110,6 +119,51 @@ def child_stack(local: str, cluster: str, n: int, replicas: int) -> dict:
     res = simulate(cfg, requests, 3)
     return {"n": n, "events": res.stats["events"], "loop_s": time.perf_counter() - t0,
             "loop_cpu_s": time.process_time() - c0}
+
+
+def child_scale(n: int, replicas: int, outdir: str, records: str) -> dict:
+    from tierserve.experiments.scenario import ScenarioConfig, run_scenario, write_result
+    cfg = ScenarioConfig.from_dict({
+        "seed": 42, "cluster": {"num_replicas": replicas, "local_policy": "vllm", "cluster_policy": "round_robin"},
+        "workload": {"num_requests": n, "arrivals": {"kind": "poisson", "rate": 4.0 * replicas},
+                     "lengths": {"kind": "fit", "dataset": "azure2023_conv", "max_total_tokens": 4096},
+                     "tiers": {"num_tiers": 3, "mix": "uniform"}}})
+    t0 = time.perf_counter()
+    res = run_scenario(cfg, stream=True, outdir=outdir, records=records)
+    write_result(res, outdir)
+    size = sum(p.stat().st_size for p in Path(outdir).iterdir())
+    return {"n": n, "events": res.sim.stats["events"], "loop_s": res.sim.stats["wall_s"],
+            "run_s": time.perf_counter() - t0, "finished": res.summary.all.finished,
+            "total": res.summary.all.total, "out_mb": size / 2**20}
+
+
+def scale(sizes: list[int], replicas: int, records: str) -> bool:
+    print(f"\n3. Memory at scale, streamed (vllm+round_robin, {replicas} replicas, Poisson 4 req/s per replica, "
+          f"3 tiers, azure2023_conv lengths; records: {records}; whole process)")
+    print(f"   {'requests':>10} {'peak RSS MB':>11} {'wall s':>9} {'cpu s':>9} {'cpu us/req':>10} {'events':>10} "
+          f"{'cpu us/ev':>9} {'accounted':>10} {'files MB':>9}")
+    rows = {}
+    for n in sizes:
+        with tempfile.TemporaryDirectory() as tmp:
+            r = run_child(["scale", str(n), str(replicas), tmp, records])
+        rows[n] = r
+        print(f"   {n:>10,} {r['peak_rss_mb']:>11.0f} {r['wall_s']:>9.1f} {r['cpu_s']:>9.1f} "
+              f"{1e6 * r['cpu_s'] / n:>10.1f} {r['events']:>10} {1e6 * r['cpu_s'] / r['events']:>9.1f} "
+              f"{r['total'] == n!s:>10} {r['out_mb']:>9.1f}", flush=True)
+    ok = all(r["total"] == n for n, r in rows.items())
+    big = max(sizes)
+    if 1_000_000 in rows and big > 1_000_000:
+        ratio = rows[big]["peak_rss_mb"] / rows[1_000_000]["peak_rss_mb"]
+        flat = ratio <= 2.0
+        ok &= flat
+        print(f"   peak RSS {big:,} vs 1,000,000: {ratio:.2f}x  {'OK (<= 2x)' if flat else 'FAIL (> 2x)'}")
+    lo = min(sizes)
+    if big > lo:
+        t = (rows[big]["cpu_s"] / big) / (rows[lo]["cpu_s"] / lo)
+        flat = t <= 1.5
+        ok &= flat
+        print(f"   CPU time per request {big:,} vs {lo:,}: {t:.2f}x  {'OK (<= 1.5x)' if flat else 'FAIL (> 1.5x)'}")
+    return ok
 
 
 def run_child(args: list[str]) -> dict:
@@ -295,11 +349,16 @@ def main(argv=None) -> int:
     ap.add_argument("--big", action="store_true", help="add 1M requests and 64 replicas (long)")
     ap.add_argument("--replicas-sweep", action="store_true", help="1…32 replicas at 10k requests per replica")
     ap.add_argument("--stacks", default=None, help="local+cluster,… (default: every registered cluster policy)")
+    ap.add_argument("--scale", action="store_true", help="section 3 only: peak RSS and time per request, streamed")
+    ap.add_argument("--scale-n", default="100000,1000000,10000000", help="requests per --scale run")
+    ap.add_argument("--scale-replicas", type=int, default=16)
+    ap.add_argument("--scale-records", default="parquet", help="csv | parquet (parquet needs pyarrow)")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         kind, *rest = args.child
         rec = (child_vidur_scenario(rest[0], int(rest[1]), rest[2], rest[3]) if kind == "scenario"
+               else child_scale(int(rest[0]), int(rest[1]), rest[2], rest[3]) if kind == "scale"
                else child_stack(rest[0], rest[1], int(rest[2]), int(rest[3])))
         import resource
         ru = resource.getrusage(resource.RUSAGE_SELF)
@@ -307,6 +366,8 @@ def main(argv=None) -> int:
         rec["_rss_mb"] = ru.ru_maxrss / 1024
         print(json.dumps(rec))
         return 0
+    if args.scale:
+        return 0 if scale([int(x) for x in args.scale_n.split(",")], args.scale_replicas, args.scale_records) else 1
     if not args.no_vidur:
         compare_with_vidur([int(s) for s in args.sizes.split(",")], args.repeats)
     if args.no_scaling:

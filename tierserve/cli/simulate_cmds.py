@@ -13,7 +13,9 @@ from tierserve.core import ConfigError
 from tierserve.core.errors import Interrupted
 from tierserve.core.files import check_out_dir
 from tierserve.experiments.capacity import judge
-from tierserve.experiments.scenario import ScenarioConfig, ScenarioResult, run_scenario, write_result
+from tierserve.experiments.scenario import (
+    STREAM_ABOVE, ScenarioConfig, ScenarioResult, run_scenario, should_stream, write_result,
+)
 from tierserve.metrics.stability import (
     DEFAULT_DROP_FRACTION, UNSTABLE, Interval, SeedsResult, StabilityVerdict,
 )
@@ -58,12 +60,14 @@ def scenario_from_options(config: Optional[Path], overrides: dict[str, Any]) -> 
     return ScenarioConfig.from_dict(data)
 
 
-def run_with_progress(cfg: ScenarioConfig, console: Console) -> ScenarioResult:
+def run_with_progress(cfg: ScenarioConfig, console: Console, stream: bool = False, out: Optional[Path] = None,
+                      records: str = "csv") -> ScenarioResult:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed}/{task.total} requests"),
                   TimeElapsedColumn(), console=console, transient=True) as bar:
         task = bar.add_task("sim", total=cfg.workload.num_requests or 0)
-        return run_scenario(cfg, progress=lambda done, total: bar.update(task, completed=done, total=total))
+        kw = dict(stream=True, outdir=out, records=records) if stream else {}
+        return run_scenario(cfg, progress=lambda done, total: bar.update(task, completed=done, total=total), **kw)
 
 
 def register(app: typer.Typer, console: Console) -> None:
@@ -88,6 +92,12 @@ def register(app: typer.Typer, console: Console) -> None:
         drop_fraction: float = typer.Option(DEFAULT_DROP_FRACTION, "--drop-fraction", help=DROP_HELP),
         seeds: int = typer.Option(1, "--seeds", min=1, help=SEEDS_HELP),
         executor: str = typer.Option("process", help="For --seeds > 1: serial | process | ray."),
+        stream: Optional[bool] = typer.Option(
+            None, "--stream/--no-stream",
+            help=f"Stream: write each request's record as it ends and keep streaming statistics (memory flat in "
+                 f"the number of requests; latency percentiles within 0.05% + 1 us). Default: on above "
+                 f"{STREAM_ABOVE:,} requests."),
+        records: str = typer.Option("csv", "--records", help="Streamed runs: csv | parquet (needs pyarrow)."),
     ) -> None:
         """Simulate one scenario (default: 4× Llama-3-8B on A100, 2,000 requests, 3 tiers) and print per-tier results
         with the queue's stability verdict."""
@@ -112,6 +122,13 @@ def register(app: typer.Typer, console: Console) -> None:
             _compare(console, cfgs, executor, out, steady_state, drop_fraction, seeds, metrics=MAIN_JOB_METRICS)
             return
         cfg = scenario_from_options(config, options)
+        if records not in ("csv", "parquet"):
+            raise ConfigError("--records", records, "csv | parquet")
+        streamed = should_stream(cfg, stream) and not (steady_state or seeds > 1)
+        if stream and (steady_state or seeds > 1):
+            raise ConfigError("--stream", True, "a single whole-run simulation (not with --steady-state or --seeds)")
+        if records != "csv" and not streamed:
+            raise ConfigError("--records", records, "csv, unless the run is streamed (--stream)")
         if steady_state or seeds > 1:
             from tierserve.experiments.capacity import run_seeds
             frac = _drop_fraction(steady_state, drop_fraction)
@@ -124,7 +141,7 @@ def register(app: typer.Typer, console: Console) -> None:
             if out:
                 console.print(f"wrote seed<N>/ (requests.csv, summary.json) and seeds.json under {out}/")
             return
-        result = run_with_progress(cfg, console)
+        result = run_with_progress(cfg, console, streamed, out, records)
         c, s = cfg.cluster, result.sim.stats
         console.print(f"[bold]{cfg.name}[/]: {c.num_replicas}× {c.replica.model} on {c.replica.gpu} TP{c.replica.tp}, "
                       f"{c.local_policy} + {c.cluster_policy}, {len(result.workload.requests)} requests, seed {cfg.seed}")
@@ -133,10 +150,12 @@ def register(app: typer.Typer, console: Console) -> None:
                       f"({len(result.workload.requests) / max(s['wall_s'], 1e-9):,.0f} req/s); "
                       f"{s['iterations']:,} iterations, {s['preemptions']} preemptions, "
                       f"KV use mean {s['kv_utilization_mean']:.1%} / max {s['kv_utilization_max']:.1%}")
-        run = judge(result, drop_fraction=0.0)
-        _print_verdicts(console, run.stability)
+        stability = result.stability if result.streamed else judge(result, drop_fraction=0.0).stability
+        _print_verdicts(console, stability)
+        if result.streamed:
+            console.print(f"streamed: {result.summary.extras['streaming']['note']}")
         if out:
-            result.summary.extras["stability"] = {k: v.to_dict() for k, v in run.stability.items()}
+            result.summary.extras["stability"] = {k: v.to_dict() for k, v in stability.items()}
             paths = write_result(result, out)
             console.print("wrote " + ", ".join(str(p) for p in paths.values()))
 

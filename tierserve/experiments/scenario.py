@@ -11,8 +11,9 @@ from tierserve.core.errors import config_error_from_validation
 from tierserve.core.files import read_mapping
 from tierserve.core.limits import Int
 from tierserve.metrics import RequestTable, RunSummary, TokenTBT, summarize, write_outputs
+from tierserve.metrics.io import write_summary_files
 from tierserve.sim import ClusterConfig, SimResult, simulate
-from tierserve.workload import Workload, WorkloadConfig, build_workload, default_workload
+from tierserve.workload import Workload, WorkloadConfig, build_workload, default_workload, stream_workload
 
 
 # The default scenario runs where tiers matter: ρ = 0.9 of the FCFS baseline's measured capacity, with a burst.
@@ -24,6 +25,9 @@ DEFAULT_BASELINE_CAPACITY_RPS = 15.7
 DEFAULT_RHO = 0.9
 DEFAULT_BURST = (3.0, 40.0, 20.0)      # rate factor, start (s), length (s)
 DEFAULT_NUM_REQUESTS = 3000
+# `tierserve simulate` streams a run of more requests than this (records to disk as requests end, statistics
+# from streaming estimators; memory flat in the number of requests). `--stream` / `--no-stream` force it.
+STREAM_ABOVE = 200_000
 
 
 def default_scenario_workload() -> WorkloadConfig:
@@ -79,11 +83,24 @@ def baseline_scenario() -> ScenarioConfig:
 
 @dataclass
 class ScenarioResult:
+    """`table` is None for a streamed run: its records are in `outdir` (if any), its verdicts in `stability`."""
+
     config: ScenarioConfig
     workload: Workload
     sim: SimResult
-    table: RequestTable
+    table: RequestTable | None
     summary: RunSummary
+    stability: dict | None = None
+    outdir: Path | None = None
+
+    @property
+    def streamed(self) -> bool:
+        return self.table is None
+
+
+def should_stream(cfg: ScenarioConfig, stream: bool | None = None) -> bool:
+    """`stream` when given; else whether the run has more than STREAM_ABOVE requests."""
+    return stream if stream is not None else (cfg.workload.num_requests or 0) > STREAM_ABOVE
 
 
 def token_tbt(sim: SimResult) -> TokenTBT:
@@ -97,8 +114,17 @@ def token_tbt(sim: SimResult) -> TokenTBT:
     return TokenTBT(values, tiers, weights)
 
 
-def run_scenario(cfg: ScenarioConfig, predictor=None, progress=None) -> ScenarioResult:
-    """Build the workload, simulate it, and summarise per tier."""
+def run_scenario(cfg: ScenarioConfig, predictor=None, progress=None, *, stream: bool = False,
+                 outdir: str | Path | None = None, records: str = "csv") -> ScenarioResult:
+    """Build the workload, simulate it, and summarise per tier.
+
+    `stream=True`: requests are generated as they arrive and handed, as they end, to a
+    `tierserve.metrics.stream.RunRecorder` that writes `records` ("csv" or "parquet") into `outdir` (none when
+    None) and keeps streaming statistics; the result has no table, its stability verdicts in `stability`, and
+    `write_result(result, outdir)` then adds the summary files. Memory stays flat in the number of requests.
+    """
+    if stream:
+        return _run_streamed(cfg, predictor, progress, outdir, records)
     workload = build_workload(cfg.workload, cfg.seed if cfg.seed else None)
     sim = simulate(cfg.cluster, workload.requests, num_tiers=len(workload.tier_set), seed=cfg.seed,
                    predictor=predictor, progress=progress)
@@ -110,5 +136,31 @@ def run_scenario(cfg: ScenarioConfig, predictor=None, progress=None) -> Scenario
     return ScenarioResult(cfg, workload, sim, table, summary)
 
 
+def _run_streamed(cfg: ScenarioConfig, predictor, progress, outdir, records: str) -> ScenarioResult:
+    from tierserve.metrics.stream import RunRecorder
+    workload = stream_workload(cfg.workload, cfg.seed if cfg.seed else None)
+    recorder = RunRecorder(len(workload.tier_set), outdir, records)
+    try:
+        sim = simulate(cfg.cluster, workload.requests, num_tiers=len(workload.tier_set), seed=cfg.seed,
+                       predictor=predictor, progress=progress, sink=recorder)
+        extras = {k: v for k, v in sim.stats.items() if k != "wall_s"}
+        extras["clipped_prompts"] = workload.num_clipped
+        extras["clamped_outputs"] = workload.num_clamped
+        summary, verdicts = recorder.finish(sim.duration_s, sim.tbt_by_tier, workload.tier_set, extras)
+    except BaseException:
+        recorder.abort()
+        raise
+    return ScenarioResult(cfg, workload, sim, None, summary, verdicts,  # type: ignore[arg-type]
+                          Path(outdir) if outdir is not None else None)
+
+
 def write_result(result: ScenarioResult, outdir: str | Path) -> dict[str, Path]:
-    return write_outputs(outdir, result.table, result.summary, result.config.model_dump(mode="json"))
+    config = result.config.model_dump(mode="json")
+    if result.table is not None:
+        return write_outputs(outdir, result.table, result.summary, config)
+    if result.outdir is None or Path(outdir).resolve() != result.outdir.resolve():
+        raise ValueError(f"a streamed run's records were written to {result.outdir}, not {outdir}: pass "
+                         "outdir= to run_scenario")
+    from tierserve.metrics.io import REQUESTS_CSV, REQUESTS_PARQUET
+    records = {n: result.outdir / n for n in (REQUESTS_CSV, REQUESTS_PARQUET) if (result.outdir / n).exists()}
+    return {**records, **write_summary_files(outdir, result.summary, config)}

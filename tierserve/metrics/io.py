@@ -17,6 +17,7 @@ from tierserve.metrics.records import RequestTable
 from tierserve.metrics.summary import RunSummary
 
 REQUESTS_CSV = "requests.csv"
+REQUESTS_PARQUET = "requests.parquet"     # streamed runs asked for Parquet write this instead of requests.csv
 SUMMARY_JSON = "summary.json"
 SUMMARY_BY_TIER_CSV = "summary_by_tier.csv"
 
@@ -66,10 +67,21 @@ def write_outputs(outdir: str | Path, table: RequestTable, summary: RunSummary,
     is removed first, so an interrupted rewrite never leaves one that vouches for new, partial files."""
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {n: out / n for n in (REQUESTS_CSV, SUMMARY_JSON, SUMMARY_BY_TIER_CSV)}
-    paths[SUMMARY_JSON].unlink(missing_ok=True)
-    with atomic_path(paths[REQUESTS_CSV]) as tmp:
+    (out / SUMMARY_JSON).unlink(missing_ok=True)
+    (out / REQUESTS_PARQUET).unlink(missing_ok=True)      # a stale streamed file must not shadow this run's
+    with atomic_path(out / REQUESTS_CSV) as tmp:
         table.to_csv(tmp)
+    return {REQUESTS_CSV: out / REQUESTS_CSV, **write_summary_files(out, summary, config)}
+
+
+def write_summary_files(outdir: str | Path, summary: RunSummary,
+                        config: dict[str, Any] | None = None) -> dict[str, Path]:
+    """`summary_by_tier.csv`, then `summary.json` with `"complete": true` (last: it vouches for the folder).
+
+    `write_outputs` calls it after `requests.csv`; a streamed run (`tierserve.metrics.stream.RunRecorder`)
+    after its record file was renamed to its final name."""
+    out = Path(outdir)
+    paths = {n: out / n for n in (SUMMARY_JSON, SUMMARY_BY_TIER_CSV)}
     rows = summary.to_rows()
     with atomic_path(paths[SUMMARY_BY_TIER_CSV]) as tmp, tmp.open("w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0].keys()) if rows else ["name"])
@@ -92,5 +104,7 @@ def load_outputs(outdir: str | Path) -> RunOutputs:
     if not (isinstance(doc, dict) and doc.get("complete") is True):
         raise InputError(str(src), None, "complete", doc.get("complete") if isinstance(doc, dict) else None,
                          "not a complete run's outputs (the run was interrupted or the file is not tierserve's)")
-    table = RequestTable.from_csv(out / REQUESTS_CSV)
+    table = (RequestTable.from_parquet(out / REQUESTS_PARQUET)
+             if not (out / REQUESTS_CSV).exists() and (out / REQUESTS_PARQUET).exists()
+             else RequestTable.from_csv(out / REQUESTS_CSV))
     return RunOutputs(table=table, summary=RunSummary.from_dict(doc["summary"]), config=doc.get("config"))

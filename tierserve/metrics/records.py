@@ -287,6 +287,21 @@ class RequestTable:
                 cols[name] = np.fromiter(map(int, raw), np.int64, len(raw)).astype(dtype)
         return cls(cols)
 
+    @classmethod
+    def from_parquet(cls, path: str | Path) -> RequestTable:
+        """Read a `requests.parquet` a streamed run wrote (needs pyarrow)."""
+        import pyarrow.parquet as pq
+        t = pq.read_table(str(path))
+        missing = [c for c in COLUMNS if c not in t.column_names]
+        if missing:
+            raise ValueError(f"{path}: missing columns {missing}")
+        cols = {}
+        for name, dtype in COLUMNS.items():
+            col = t.column(name)
+            cols[name] = (np.array(col.to_pylist(), dtype=object) if dtype is object
+                          else col.to_numpy().astype(dtype))
+        return cls(cols)
+
     def equals(self, other: RequestTable) -> bool:
         """Exact equality of every column (NaN equals NaN)."""
         if len(self) != len(other):

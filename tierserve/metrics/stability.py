@@ -182,6 +182,13 @@ def stability_verdict(arrival_s: ArrayLike, ttft_s: ArrayLike, censored: ArrayLi
     groups = np.array_split(order, w)  # equal counts (±1), in arrival order
     med_ttft = np.array([np.median(t[g]) for g in groups])
     med_arrival = np.array([np.median(a[g]) for g in groups])
+    return verdict_from_windows(med_ttft, med_arrival, cens, n, alpha, min_ratio, min_growth_s)
+
+
+def verdict_from_windows(med_ttft: NDArray[np.float64], med_arrival: NDArray[np.float64], cens: float, n: int,
+                         alpha: float, min_ratio: float, min_growth_s: float) -> StabilityVerdict:
+    """Steps 3–4 of the rule from each window's median TTFT and median arrival (shared with the streamed
+    verdicts of `tierserve.metrics.stream`)."""
     p, slope = trend_test(med_arrival, med_ttft)
     first = med_ttft[0]
     ratio = float(med_ttft[-1] / first) if first > 0 else (math.inf if med_ttft[-1] > 0 else 1.0)

@@ -114,6 +114,10 @@ class Cluster:
         self._next_arrival = 0
         self.migration = migration_executor
         self.progress = None                          # optional callable(num_arrived, num_total)
+        # Streaming (set by `simulate(..., sink=...)`): a request that ends goes to `on_end(index, state,
+        # reason)` and is forgotten; `live` holds the ones in flight (object id -> (arrival index, state)).
+        self.on_end = None
+        self.live: dict[int, tuple[int, RequestState]] = {}
         policy.setup(len(replicas), seed)
         for r in replicas:
             r.on_finish = self._on_finish
@@ -135,15 +139,21 @@ class Cluster:
         if i + 1 < len(self.requests):
             self.loop.at(self.requests[i + 1].arrival_s, RANK_ARRIVAL, self._arrive)
         state = RequestState(request)
-        self.states.append(state)
+        if self.on_end is None:
+            self.states.append(state)
         if self.progress is not None and (i & 1023) == 0:
             self.progress(i, len(self.requests))
         reason = self.reject_reason(request)
         if reason is not None:
             state.status = Status.REJECTED
-            self.reasons[request.id] = reason
             self.num_ended += 1
+            if self.on_end is not None:
+                self.on_end(i, state, reason)
+            else:
+                self.reasons[request.id] = reason
             return
+        if self.on_end is not None:
+            self.live[id(state)] = (i, state)
         if self.num_held:                 # keep the global queue's order: newcomers wait behind it
             self._hold(state)
             self._drain_queue()
@@ -209,6 +219,8 @@ class Cluster:
 
     def _on_finish(self, state: RequestState) -> None:
         self.num_ended += 1
+        if self.on_end is not None:
+            self.on_end(self.live.pop(id(state))[0], state, None)
         if self.num_held:
             self._drain_queue()
 

@@ -26,6 +26,7 @@ class SimResult:
     tbt_by_tier: list[LogHistogram]
     duration_s: float
     stats: dict[str, float] = field(default_factory=dict)
+    streamed: bool = False          # requests went to a sink as they ended: `states` and `reasons` are empty
 
 
 class RejectionRule:
@@ -89,16 +90,28 @@ def build_replicas(cfg: ClusterConfig, loop: EventLoop, num_tiers: int, predicto
 
 
 def simulate(cfg: ClusterConfig, requests: Sequence[Request], num_tiers: int = 1, seed: int = 0,
-             predictor=None, progress=None) -> SimResult:
+             predictor=None, progress=None, sink=None) -> SimResult:
     """Run `requests` (sorted by arrival) through the cluster described by `cfg`.
 
     `predictor` overrides the execution-time model built from the config (tests use simple ones).
+
+    `sink` (e.g. `tierserve.metrics.stream.RunRecorder`): every request is handed to `sink.add(index, state,
+    reason)` when it ends — `index` its 0-based arrival position, `reason` why it was rejected or censored
+    (None when it finished) — and then dropped, so memory holds only the requests in flight; at the end the
+    censored ones (in flight at the time limit, or stranded) and the ones that never arrived follow, so every
+    request is handed over exactly once. The result's `states` and `reasons` are then empty. `requests` may
+    then be any forward-read sequence (a `RequestStream`): its order is checked as it is read, and every tier
+    must be below `num_tiers`.
     """
-    for i in range(1, len(requests)):
-        if requests[i].arrival_s < requests[i - 1].arrival_s:
-            raise ValueError(f"requests must be sorted by arrival: request {requests[i].id} arrives at "
-                             f"{requests[i].arrival_s} before request {requests[i - 1].id} at {requests[i - 1].arrival_s}")
-    num_tiers = max([num_tiers] + [r.tier + 1 for r in requests])
+    if sink is None or isinstance(requests, (list, tuple)):
+        for i in range(1, len(requests)):
+            if requests[i].arrival_s < requests[i - 1].arrival_s:
+                raise ValueError(f"requests must be sorted by arrival: request {requests[i].id} arrives at "
+                                 f"{requests[i].arrival_s} before request {requests[i - 1].id} at "
+                                 f"{requests[i - 1].arrival_s}")
+        num_tiers = max([num_tiers] + [r.tier + 1 for r in requests])
+    else:
+        requests = _CheckedStream(requests, num_tiers)
     wall0 = time.perf_counter()
     loop = EventLoop()
     replicas, rule = build_replicas(cfg, loop, num_tiers, predictor)
@@ -111,18 +124,37 @@ def simulate(cfg: ClusterConfig, requests: Sequence[Request], num_tiers: int = 1
     if migration is not None:
         migration.bind(cluster)
     cluster.progress = progress
+    relegated = 0
+    if sink is not None:
+        def on_end(index: int, state: RequestState, reason: str | None) -> None:
+            nonlocal relegated
+            relegated += state.relegated_s >= 0
+            sink.add(index, state, reason)
+        cluster.on_end = on_end
     cluster.start()
     loop.run(until=cfg.time_limit_s if cfg.time_limit_s else float("inf"))
     for r in replicas:
         r.sync()
+
+    def unfinished_reason(s: RequestState) -> str:
+        return (f"still {s.status.name.lower()} at the time limit {cfg.time_limit_s} s" if cfg.time_limit_s
+                else f"still {s.status.name.lower()} when no event was left to serve it (stranded)")
+    late = f"arrives after the time limit {cfg.time_limit_s} s"
     reasons = dict(cluster.reasons)
-    for s in cluster.states:
-        if s.status not in (Status.FINISHED, Status.REJECTED):
-            reasons[s.id] = (f"still {s.status.name.lower()} at the time limit {cfg.time_limit_s} s" if cfg.time_limit_s
-                             else f"still {s.status.name.lower()} when no event was left to serve it (stranded)")
-    for r in requests[len(cluster.states):]:    # never arrived before the time limit
-        reasons[r.id] = f"arrives after the time limit {cfg.time_limit_s} s"
-        cluster.states.append(RequestState(r))
+    if sink is None:
+        for s in cluster.states:
+            if s.status not in (Status.FINISHED, Status.REJECTED):
+                reasons[s.id] = unfinished_reason(s)
+        for r in requests[len(cluster.states):]:    # never arrived before the time limit
+            reasons[r.id] = late
+            cluster.states.append(RequestState(r))
+        relegated = sum(1 for s in cluster.states if s.relegated_s >= 0)
+    else:
+        for index, s in sorted(cluster.live.values(), key=lambda e: e[0]):
+            on_end(index, s, unfinished_reason(s))
+        cluster.live.clear()
+        for index in range(cluster._next_arrival, len(requests)):
+            on_end(index, RequestState(requests[index]), late)
     tbt = [LogHistogram() for _ in range(num_tiers)]
     for rep in replicas:
         for t, h in enumerate(rep.tbt):
@@ -139,7 +171,7 @@ def simulate(cfg: ClusterConfig, requests: Sequence[Request], num_tiers: int = 1
         "swap_blocks_out": sum(r.swap_blocks_out for r in replicas),
         "swap_blocks_in": sum(r.swap_blocks_in for r in replicas),
         "swap_pcie_s": sum(r.swap_pcie_s for r in replicas),
-        "relegated": sum(1 for s in cluster.states if s.relegated_s >= 0),
+        "relegated": relegated,
         "kv_blocks_per_replica": replicas[0].total_blocks,
         "kv_utilization_mean": kv_util,
         "kv_utilization_max": max(r.max_used_blocks for r in replicas) / replicas[0].total_blocks,
@@ -152,4 +184,28 @@ def simulate(cfg: ClusterConfig, requests: Sequence[Request], num_tiers: int = 1
         if rep.free_blocks + held != rep.total_blocks:
             raise AssertionError(f"replica {rep.index}: {rep.total_blocks - rep.free_blocks - held} KV blocks "
                                  f"unaccounted for at the end of the run")
-    return SimResult(cluster.states, reasons, tbt, duration, stats)
+    return SimResult(cluster.states, reasons, tbt, duration, stats, streamed=sink is not None)
+
+
+class _CheckedStream:
+    """A forward-read request sequence whose arrival order and tiers are checked as it is read."""
+
+    __slots__ = ("_src", "_num_tiers", "_prev", "_checked")
+
+    def __init__(self, src: Sequence[Request], num_tiers: int) -> None:
+        self._src, self._num_tiers, self._prev, self._checked = src, num_tiers, None, -1
+
+    def __len__(self) -> int:
+        return len(self._src)
+
+    def __getitem__(self, i: int) -> Request:
+        r = self._src[i]
+        if i > self._checked:
+            prev = self._prev
+            if prev is not None and r.arrival_s < prev.arrival_s:
+                raise ValueError(f"requests must be sorted by arrival: request {r.id} arrives at {r.arrival_s} "
+                                 f"before request {prev.id} at {prev.arrival_s}")
+            if not 0 <= r.tier < self._num_tiers:
+                raise ValueError(f"request {r.id} has tier {r.tier}; a streamed run has tiers 0..{self._num_tiers - 1}")
+            self._prev, self._checked = r, i
+        return r

@@ -6,7 +6,7 @@ from tierserve.workload.arrivals import (
 )
 from tierserve.workload.config import (
     ArrivalConfig, LengthConfig, SLOConfig, TiersConfig, TraceConfig, Workload, WorkloadConfig, build_requests,
-    build_workload, default_workload, with_tier_slos,
+    build_workload, default_workload, with_tier_slos, RequestStream, StreamedWorkload, stream_workload,
 )
 from tierserve.workload.lengths import (
     ChoiceLengths, ClipResult, EmpiricalLengths, LengthSampler, LognormalMixtureLengths, clip_total_tokens,
@@ -25,7 +25,8 @@ __all__ = [
     "ArrivalProcess", "GammaArrivals", "PiecewiseRateArrivals", "PoissonArrivals", "TraceArrivals", "diurnal",
     "servegen", "servegen_rate_shape",
     "ArrivalConfig", "LengthConfig", "SLOConfig", "TiersConfig", "TraceConfig", "Workload", "WorkloadConfig",
-    "build_requests", "build_workload", "default_workload", "with_tier_slos",
+    "build_requests", "build_workload", "default_workload", "with_tier_slos", "RequestStream", "StreamedWorkload",
+    "stream_workload",
     "ChoiceLengths", "ClipResult", "EmpiricalLengths", "LengthSampler", "LognormalMixtureLengths",
     "clip_total_tokens", "fitted_lengths", "load_length_fits",
     "TRACE_FORMATS", "ReadResult", "TraceRow", "read_azure", "read_csv", "read_mooncake", "read_rows",

@@ -11,7 +11,7 @@ import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Iterator, Protocol
 
 import numpy as np
 
@@ -56,6 +56,9 @@ class PoissonArrivals:
         _check_n(n)
         return np.cumsum(_unit_gaps(n, 1.0, rng)) / self.rate
 
+    def _from_unit(self, s: np.ndarray) -> np.ndarray:
+        return s / self.rate
+
 
 @dataclass(frozen=True, slots=True)
 class GammaArrivals:
@@ -71,6 +74,9 @@ class GammaArrivals:
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
         _check_n(n)
         return np.cumsum(_unit_gaps(n, self.cv, rng)) / self.rate
+
+    def _from_unit(self, s: np.ndarray) -> np.ndarray:
+        return s / self.rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +114,10 @@ class PiecewiseRateArrivals:
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
         _check_n(n)
-        s = np.cumsum(_unit_gaps(n, self.cv, rng))  # unit-rate epochs = cumulative intensity Λ(t)
+        return self._from_unit(np.cumsum(_unit_gaps(n, self.cv, rng)))  # unit-rate epochs = Λ(t)
+
+    def _from_unit(self, s: np.ndarray) -> np.ndarray:
+        """Arrival times of unit-rate epochs `s` (cumulative intensity Λ(t)), through Λ⁻¹; elementwise."""
         rates = np.asarray(self.rates, float)
         edges = np.concatenate(([0.0], np.cumsum(self.durations_s)))
         cum = np.concatenate(([0.0], np.cumsum(rates * np.diff(edges))))
@@ -210,6 +219,28 @@ class TraceArrivals:
                                   "only with a trace whose arrivals span a positive duration")
             t = t * ((n - 1) / duration) / self.target_rate  # scaling about t = 0 keeps a trace's start offset
         return t
+
+
+def sample_blocks(process: ArrivalProcess, n: int, rng: np.random.Generator, block: int) -> Iterator[np.ndarray]:
+    """The `n` arrival times of `process.sample(n, rng)`, bit for bit, as consecutive arrays of at most `block`.
+
+    Renewal-based processes (Poisson, Gamma, piecewise/diurnal/ServeGen) draw their unit gaps block by block
+    (numpy's Generator draws the same numbers in pieces as in one call) and carry the running sum across
+    blocks (a cumulative sum is sequential, so the carried sum is the same float); memory is O(block).
+    Other processes (trace replay, whose times are in memory anyway) are sampled whole and sliced.
+    """
+    _check_n(n)
+    if not isinstance(process, (PoissonArrivals, GammaArrivals, PiecewiseRateArrivals)):
+        t = process.sample(n, rng)
+        for lo in range(0, n, block):
+            yield t[lo:lo + block]
+        return
+    cv = 1.0 if isinstance(process, PoissonArrivals) else process.cv
+    carry = np.zeros(1)
+    for lo in range(0, n, block):
+        s = np.cumsum(np.concatenate((carry, _unit_gaps(min(block, n - lo), cv, rng))))[1:]
+        carry = s[-1:]
+        yield process._from_unit(s)
 
 
 def trace_times(path: str | Path) -> tuple[float, ...]:

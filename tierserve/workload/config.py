@@ -334,52 +334,156 @@ def _length_sampler(c, rows: list[TraceRow] | None):
     return None  # kind 'trace': rows in order
 
 
+# Requests are generated in blocks of this many (arrival times, lengths, tiers), so a stream of any length holds
+# one block. Lengths are drawn per block (a rejection sampler's draws depend on the count asked for), so a run of
+# up to STREAM_BLOCK requests draws exactly what one call for all of them would.
+STREAM_BLOCK = 1 << 20
+
+
+class RequestStream:
+    """The requests of a workload, generated block by block as they are read: the same `Request`s, in the same
+    order, as `build_workload(cfg, seed).requests`, in memory O(STREAM_BLOCK) rather than O(n).
+
+    A forward-only sequence: `len()` is known up front; `stream[i]` may read request i at or after the last one
+    read (and that one again), which is how the simulator consumes arrivals. Iterating reads every request once.
+    Arrival times are checked for the float-time limit over the whole stream before the first is returned, so a
+    bad profile is refused before a run starts. `num_clipped` counts the prompts cut so far (all of them once
+    the stream has been read to its end).
+    """
+
+    def __init__(self, cfg: WorkloadConfig, seed: int | None = None, block: int = STREAM_BLOCK) -> None:
+        s = cfg.seed if seed is None else seed
+        self._seeds = np.random.SeedSequence(s).spawn(3)
+        self.block = int(block)
+        tiers_cfg = cfg.tiers
+        self.read: ReadResult | None = None
+        if cfg.trace is not None:
+            self.read = read_rows(cfg.trace.path, cfg.trace.format, num_tiers=tiers_cfg.num_tiers,
+                                  min_output=cfg.trace.min_output, sort=cfg.trace.sort)
+        rows = self.read.rows if self.read is not None else None
+        n = cfg.num_requests if cfg.num_requests is not None else len(rows)  # type: ignore[arg-type]
+        if rows is not None and cfg.lengths.kind == "trace" and n > len(rows):
+            raise ConfigError("num_requests", n, f"at most {len(rows)} (rows in {cfg.trace.path})")  # type: ignore[union-attr]
+        self.cfg, self.n, self._rows = cfg, int(n), rows
+        self.tier_set = tiers_cfg.tier_set()
+        self._process = _arrival_process(cfg.arrivals, rows)
+        self._check_arrivals()
+        self._sampler = _length_sampler(cfg.lengths, rows)
+        self._trace_tiers = (rows is not None and tiers_cfg.from_trace and cfg.lengths.kind == "trace"
+                             and len(rows) > 0 and rows[0].tier is not None)
+        self.num_clipped = 0
+        self._blocks = self._generate()
+        self._lo = self._hi = 0          # the block held: requests [lo, hi)
+        self._cols: tuple = ()
+        self._last: Request | None = None
+
+    @property
+    def num_clamped(self) -> int:
+        return self.read.num_clamped if self.read is not None else 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _check_arrivals(self) -> None:
+        rng = np.random.default_rng(self._seeds[0])
+        lo = 0
+        for times in arr.sample_blocks(self._process, self.n, rng, self.block):
+            if not (np.isfinite(times[-1]) and times[-1] <= MAX_TIME_S):
+                i = int(np.argmax(~(np.isfinite(times) & (times <= MAX_TIME_S))))
+                raise ConfigError("arrivals", self.cfg.arrivals.kind,
+                                  f"arrivals within {MAX_TIME_S:g} s (float time keeps sub-microsecond resolution "
+                                  f"only below it); request {lo + i} would arrive at {float(times[i]):.4g} s: raise "
+                                  "the rate or shorten the profile")
+            lo += len(times)
+
+    def _generate(self):
+        """(lo, times, prompts, outputs, tiers, apps) per block."""
+        cfg, n, rows, sampler = self.cfg, self.n, self._rows, self._sampler
+        rng_arr, rng_len, rng_tier = (np.random.default_rng(c) for c in self._seeds)
+        if sampler is None:
+            all_p = np.array([r.prompt_tokens for r in rows[:n]], np.int64)  # type: ignore[index]
+            all_o = np.array([r.output_tokens for r in rows[:n]], np.int64)  # type: ignore[index]
+        elif isinstance(sampler, ln.EmpiricalLengths) and not sampler.replace:
+            all_p, all_o = sampler.sample(n, rng_len)      # distinct rows: one draw (n <= the rows held)
+        else:
+            all_p = all_o = None
+        weights = None if self._trace_tiers else self.cfg.tiers.mix_weights()
+        lo = 0
+        for times in arr.sample_blocks(self._process, n, rng_arr, self.block):
+            k = len(times)
+            if all_p is not None:
+                prompts, outputs = all_p[lo:lo + k], all_o[lo:lo + k]
+            else:
+                prompts, outputs = sampler.sample(k, rng_len)
+            if cfg.lengths.max_total_tokens is not None:
+                clip = ln.clip_total_tokens(prompts, outputs, cfg.lengths.max_total_tokens,
+                                            cfg.trace.path if cfg.trace and sampler is None else "lengths", lo)
+                prompts, outputs = clip.prompts, clip.outputs
+                self.num_clipped += clip.num_clipped
+            if self._trace_tiers:
+                tiers = np.array([r.tier for r in rows[lo:lo + k]], np.int64)  # type: ignore[index]
+            else:
+                tiers = tr.assign_tiers(k, weights, rng_tier)
+            apps = [r.app for r in rows[lo:lo + k]] if sampler is None and rows is not None else None
+            yield lo, times, prompts, outputs, tiers, apps
+            lo += k
+
+    def _request(self, i: int) -> Request:
+        lo, times, prompts, outputs, tiers, apps = self._cols
+        j = i - lo
+        t = int(tiers[j])
+        return Request(id=i, arrival_s=float(times[j]), prompt_tokens=int(prompts[j]),
+                       output_tokens=int(outputs[j]), tier=t, slo=self.tier_set[t].slo,
+                       app=apps[j] if apps is not None else "")
+
+    def __getitem__(self, i: int) -> Request:
+        last = self._last
+        if last is not None and last.id == i:
+            return last
+        if not 0 <= i < self.n:
+            raise IndexError(f"request {i} of a stream of {self.n}")
+        if i < self._lo or (last is not None and i < last.id):
+            raise IndexError(f"request {i}: a RequestStream reads forward only (request "
+                             f"{last.id if last is not None else self._lo} was read)")
+        while i >= self._hi:
+            self._cols = next(self._blocks)
+            self._lo, self._hi = self._cols[0], self._cols[0] + len(self._cols[1])
+        self._last = r = self._request(i)
+        return r
+
+    def __iter__(self):
+        start = 0 if self._last is None else self._last.id + 1
+        for i in range(start, self.n):
+            yield self[i]
+
+
 def build_workload(cfg: WorkloadConfig, seed: int | None = None) -> Workload:
     """Requests for `cfg` (sorted by arrival, ids 0..n-1), deterministic for a seed (default cfg.seed)."""
-    s = cfg.seed if seed is None else seed
-    rng_arr, rng_len, rng_tier = (np.random.default_rng(c) for c in np.random.SeedSequence(s).spawn(3))
-    tiers_cfg = cfg.tiers
-    read: ReadResult | None = None
-    if cfg.trace is not None:
-        read = read_rows(cfg.trace.path, cfg.trace.format, num_tiers=tiers_cfg.num_tiers,
-                         min_output=cfg.trace.min_output, sort=cfg.trace.sort)
-    rows = read.rows if read is not None else None
-    n = cfg.num_requests if cfg.num_requests is not None else len(rows)  # type: ignore[arg-type]
-    if rows is not None and cfg.lengths.kind == "trace" and n > len(rows):
-        raise ConfigError("num_requests", n, f"at most {len(rows)} (rows in {cfg.trace.path})")  # type: ignore[union-attr]
+    stream = RequestStream(cfg, seed)
+    reqs = list(stream)
+    return Workload(reqs, stream.tier_set, stream.num_clipped, stream.num_clamped)
 
-    times = _arrival_process(cfg.arrivals, rows).sample(n, rng_arr)
-    if n and not (np.isfinite(times[-1]) and times[-1] <= MAX_TIME_S):
-        i = int(np.argmax(~(np.isfinite(times) & (times <= MAX_TIME_S))))
-        raise ConfigError("arrivals", cfg.arrivals.kind,
-                          f"arrivals within {MAX_TIME_S:g} s (float time keeps sub-microsecond resolution only "
-                          f"below it); request {i} would arrive at {float(times[i]):.4g} s: raise the rate or "
-                          "shorten the profile")
-    sampler = _length_sampler(cfg.lengths, rows)
-    if sampler is None:
-        prompts = np.array([r.prompt_tokens for r in rows[:n]], np.int64)  # type: ignore[index]
-        outputs = np.array([r.output_tokens for r in rows[:n]], np.int64)  # type: ignore[index]
-    else:
-        prompts, outputs = sampler.sample(n, rng_len)
-    num_clipped = 0
-    if cfg.lengths.max_total_tokens is not None:
-        clip = ln.clip_total_tokens(prompts, outputs, cfg.lengths.max_total_tokens,
-                                    cfg.trace.path if cfg.trace and sampler is None else "lengths")
-        prompts, outputs, num_clipped = clip.prompts, clip.outputs, clip.num_clipped
 
-    tier_set = tiers_cfg.tier_set()
-    trace_tiers = (rows is not None and tiers_cfg.from_trace and cfg.lengths.kind == "trace"
-                   and len(rows) > 0 and rows[0].tier is not None)
-    if trace_tiers:
-        tiers = np.array([r.tier for r in rows[:n]], np.int64)  # type: ignore[index]
-    else:
-        tiers = tr.assign_tiers(n, tiers_cfg.mix_weights(), rng_tier)
-    apps = [r.app for r in rows[:n]] if sampler is None and rows is not None else [""] * n
+@dataclass(frozen=True, slots=True)
+class StreamedWorkload:
+    """A workload whose requests are a `RequestStream` (generated as the simulator reads them)."""
 
-    reqs = [Request(id=i, arrival_s=float(times[i]), prompt_tokens=int(prompts[i]),
-                    output_tokens=int(outputs[i]), tier=int(tiers[i]), slo=tier_set[int(tiers[i])].slo,
-                    app=apps[i]) for i in range(n)]
-    return Workload(reqs, tier_set, num_clipped, read.num_clamped if read is not None else 0)
+    requests: RequestStream
+    tier_set: TierSet
+
+    @property
+    def num_clipped(self) -> int:
+        return self.requests.num_clipped
+
+    @property
+    def num_clamped(self) -> int:
+        return self.requests.num_clamped
+
+
+def stream_workload(cfg: WorkloadConfig, seed: int | None = None) -> StreamedWorkload:
+    """As `build_workload`, but the requests are generated as they are read (see `RequestStream`)."""
+    stream = RequestStream(cfg, seed)
+    return StreamedWorkload(stream, stream.tier_set)
 
 
 def build_requests(cfg: WorkloadConfig, seed: int | None = None) -> list[Request]:

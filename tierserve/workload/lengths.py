@@ -196,7 +196,7 @@ class ClipResult:
 
 
 def clip_total_tokens(prompts: np.ndarray, outputs: np.ndarray, max_total_tokens: int,
-                      source: str = "lengths") -> ClipResult:
+                      source: str = "lengths", offset: int = 0) -> ClipResult:
     """Vidur's rule: cut the prompt so prompt + output <= max_total_tokens; report how many were cut.
 
     A request whose output alone leaves no room for a 1-token prompt is an error naming its index.
@@ -208,7 +208,7 @@ def clip_total_tokens(prompts: np.ndarray, outputs: np.ndarray, max_total_tokens
     bad = np.flatnonzero(o > max_total_tokens - 1)
     if len(bad):
         i = int(bad[0])
-        raise TraceError(source, i, "output_tokens", int(o[i]),
+        raise TraceError(source, i + offset, "output_tokens", int(o[i]),
                          f"output leaves no room for a prompt under max_total_tokens={max_total_tokens}")
     excess = np.maximum(p + o - max_total_tokens, 0)
     return ClipResult(p - excess, o.copy(), int(np.count_nonzero(excess)))
