@@ -10,6 +10,7 @@ CLUSTER_POLICIES = Registry("cluster", {
     "llumnix": "tierserve.policies.cluster.llumnix:LlumnixPolicy",
     "llumnix_k": "tierserve.policies.cluster.llumnix_k:LlumnixK",
     "llumnix_k_adaptive": "tierserve.policies.cluster.llumnix_k:LlumnixKAdaptive",
+    "silo": "tierserve.policies.cluster.silo:SiloDispatch",
 })
 
 __all__ = ["CLUSTER_POLICIES", "ClusterPolicy", "InstanceView", "Move"]

@@ -1,0 +1,43 @@
+"""`tierserve reproduce niyama`: Niyama/QoServe (seed 003) against Sarathi baselines and silos."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+
+
+def register(reproduce_app: typer.Typer) -> None:
+    @reproduce_app.command("niyama")
+    def niyama(quick: bool = typer.Option(False, "--quick", help="Azure-Code only, 400 requests per run, "
+                                                                 "2-replica clusters, ±20% searches, 20 s diurnal "
+                                                                 "segments (well under a minute)."),
+               out: Path = typer.Option(Path("results/niyama"), "--out", help="Folder for the report, JSON and plot."),
+               executor: str = typer.Option(None, "--executor", help="process | serial | ray (default: serial "
+                                                                     "with --quick, else process)"),
+               segment_s: float = typer.Option(None, "--segment-s", help="Override the diurnal segment length (s)."),
+               requests: int = typer.Option(None, "--requests", help="Override requests per one-replica run."),
+               reuse: Path = typer.Option(None, "--reuse", help="niyama_results.json of an earlier run of the same "
+                                                                "study: reuse its capacity searches, rerun the rest.")) -> None:
+        """Goodput per replica, GPUs for 50 QPS (silos vs shared), the ablation, α sensitivity and the diurnal
+        run, judged on per-request deadlines with stability verdicts and 95% intervals over 3 seeds."""
+        from dataclasses import replace
+
+        from rich.console import Console
+
+        from tierserve.experiments.niyama import Study, run_study
+        study = Study.quick() if quick else Study()
+        if segment_s is not None:
+            study = replace(study, segment_s=segment_s)
+        if requests is not None:
+            study = replace(study, num_requests=requests)
+        executor = executor or ("serial" if quick else "process")
+        console = Console(width=200)
+        t0 = time.perf_counter()
+        import json
+        previous = json.loads(reuse.read_text()) if reuse is not None else None
+        result = run_study(study, out, executor=executor, reuse=previous,
+                           log=lambda msg: console.print(msg, markup=False, highlight=False))
+        console.print(result["markdown"], markup=False, highlight=False)
+        console.print(f"wrote {out}/niyama_report.md, niyama_results.json and {len(result['plots'])} plot(s) "
+                      f"in {time.perf_counter() - t0:.1f} s")

@@ -1,0 +1,21 @@
+"""Sarathi-SRPF: Sarathi's batch with a fixed chunk, prefills (partial, then new) by fewest remaining
+prompt tokens — known at arrival, so no oracle is involved (seed 003's baseline)."""
+from __future__ import annotations
+
+from tierserve.core import RequestState
+from tierserve.policies.local.sarathi_edf import KeyedWaitingMixin
+from tierserve.policies.local.sarathi_fcfs import SarathiFCFSPolicy
+
+
+def remaining_prefill_key(state: RequestState) -> tuple[int, float, int]:
+    return (state.num_tokens - state.num_computed_tokens, state.arrival_s, state.id)
+
+
+class SarathiSRPFPolicy(KeyedWaitingMixin, SarathiFCFSPolicy):
+    name = "sarathi_srpf"
+
+    def waiting_key(self, state: RequestState) -> tuple:
+        return remaining_prefill_key(state)
+
+    def prefill_order(self, partial: list[RequestState]) -> list[RequestState]:
+        return sorted(partial, key=remaining_prefill_key)
