@@ -20,6 +20,24 @@ class LinearPredictor:
     def decode_base_time(self, decode_count):
         return 0.005 + 5e-5 * decode_count
 
+    def max_prefill_tokens_within(self, slack_s, decode_count, decode_context_sum, prefill_context=0, lo=0,
+                                  hi=8192):
+        """Largest chunk p in [lo, hi] whose iteration fits in `slack_s` (`lo` when none above it does), as the
+        IterationPredictor protocol of tierserve.policies.local.view asks; bisection, time grows with p."""
+        def fits(p):
+            return self.iteration_time(p, p * (prefill_context + p * 0.5), decode_count, decode_context_sum) <= slack_s
+
+        if hi <= lo or not fits(lo + 1):
+            return lo
+        good, bad = lo + 1, hi + 1          # fits(good) holds; bad is the first known not to (hi + 1 by fiat)
+        while bad - good > 1:
+            mid = (good + bad) // 2
+            if fits(mid):
+                good = mid
+            else:
+                bad = mid
+        return good
+
 
 @pytest.fixture
 def predictor():

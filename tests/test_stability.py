@@ -1,4 +1,5 @@
-"""tierserve.metrics.stability: the steady-state window, the queue-trend verdict and 95% intervals over seeds.
+"""tierserve.metrics.stability: the steady-state window, the queue-trend and backlog verdicts and 95% intervals
+over seeds.
 
 Synthetic sequences only (no simulator): the verdict on simulated stacks at ρ = 0.6 / 1.2 is in test_capacity.
 """
@@ -12,8 +13,8 @@ import pytest
 from tierserve.core import Outcome
 from tierserve.metrics import COLUMNS, RequestTable, summarize
 from tierserve.metrics.stability import (
-    STABLE, UNKNOWN, UNSTABLE, aggregate, mean_ci95, run_stability, stability_verdict, steady_state_mask,
-    steady_state_summary, trend_test,
+    BACKLOG, STABLE, UNKNOWN, UNSTABLE, aggregate, backlog_verdict, mean_ci95, run_stability, stability_verdict,
+    steady_run, steady_state_mask, steady_state_summary, trend_test,
 )
 
 
@@ -175,3 +176,62 @@ def test_aggregate_gives_per_tier_intervals():
     assert set(out) == {"tier0", "tier1", "all"}
     assert out["all"]["ttft.p50"].mean == pytest.approx(0.205, abs=0.01) and out["all"]["ttft.p50"].n == 3
     assert out["tier0"]["slo_attainment"].mean == 1.0 and out["tier0"]["slo_attainment"].half_width == 0.0
+
+
+# ---- the backlog verdict ------------------------------------------------------------------------------
+def fifo_table(rate: float, service_rate: float, n: int = 2000, seed: int = 0) -> RequestTable:
+    """One FIFO server (Lindley's recursion): TTFT = wait + service, finish one second after the first token."""
+    rng = np.random.default_rng(seed)
+    arrival = np.cumsum(rng.exponential(1 / rate, n))
+    service = rng.exponential(1 / service_rate, n)
+    wait = np.zeros(n)
+    for i in range(1, n):
+        wait[i] = max(0.0, wait[i - 1] + service[i - 1] - (arrival[i] - arrival[i - 1]))
+    return table_of(arrival, wait + service)
+
+
+def test_backlog_verdict_sees_a_deadline_scheduler_serving_relaxed_requests_after_the_arrivals_end():
+    """One third interactive, served at once; two thirds with long deadlines, served earliest deadline first only
+    after the last arrival (a run shorter than their targets): TTFT never rises along arrival order, so every
+    queue-trend verdict is stable, but the number of unfinished requests climbs all through the window."""
+    rng = np.random.default_rng(4)
+    n = 3000
+    arrival = np.sort(rng.uniform(0, 300, n))
+    tier = np.arange(n) % 3
+    deadline = arrival + np.array([6.0, 600.0, 1800.0])[tier]
+    ttft = 0.2 + rng.exponential(0.1, n)
+    relaxed = np.flatnonzero(tier > 0)
+    by_deadline = relaxed[np.argsort(deadline[relaxed], kind="stable")]
+    served_at = 300.0 + np.arange(1, relaxed.size + 1) * 0.2     # after the arrivals, in deadline order
+    ttft[by_deadline] = served_at - arrival[by_deadline]
+    table = table_of(arrival, ttft, tier=tier)
+    trend = run_stability(table, end_s=1000.0, tier_names=["Q1", "Q2", "Q3"])
+    assert all(v.verdict == STABLE for v in trend.values())       # the queue-trend rule is fooled
+    v = backlog_verdict(table)
+    assert v.verdict == UNSTABLE and v.measure == BACKLOG and v.ratio == pytest.approx(2 / 3, abs=0.02)
+    run = steady_run(table, 1000.0, ["Q1", "Q2", "Q3"], seed=0)
+    assert run.stability[BACKLOG].verdict == UNSTABLE and not run.stable and run.verdict_line() == "unstable (backlog)"
+    assert str(v).startswith("unstable: backlog")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_backlog_verdict_keeps_a_stable_queue_near_its_knee_stable(seed):
+    table = fifo_table(rate=0.9, service_rate=1.0, seed=seed)      # ρ = 0.9: a wandering but stable backlog
+    assert backlog_verdict(table).verdict == STABLE
+    assert steady_run(table, float(table.arrival_s.max()), None, seed).stable
+
+
+def test_backlog_verdict_on_an_overloaded_fifo_queue_agrees_with_the_trend_rule():
+    table = fifo_table(rate=1.3, service_rate=1.0)
+    assert backlog_verdict(table).verdict == UNSTABLE
+    assert run_stability(table, float(table.arrival_s.max()))["all"].verdict == UNSTABLE
+
+
+def test_backlog_verdict_needs_enough_requests_and_leaves_rejected_out():
+    assert backlog_verdict(fifo_table(1.3, 1.0, n=30)).verdict == UNKNOWN
+    table = fifo_table(rate=0.9, service_rate=1.0, n=2000)
+    oc = np.full(2000, int(Outcome.FINISHED))
+    oc[1000:] = int(Outcome.REJECTED)                              # never queued: not a backlog
+    t = table_of(table.arrival_s, table.ttft_s, outcome=oc)
+    v = backlog_verdict(t)
+    assert v.n == 800 and v.verdict == STABLE

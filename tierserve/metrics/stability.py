@@ -29,7 +29,19 @@ default, whatever window the statistics use), in arrival order:
 `run_stability(table, end_s, names)` — the verdict for every tier on its own and for all requests: a tier
 served last by a priority policy can starve while the overall median stays flat, so a run is stable only when
 every entry is. `steady_run(table, end_s, tiers, seed)` bundles a run's window summary and verdicts into a
-`SteadyRun`, the unit `tierserve.experiments.capacity` works with.
+`SteadyRun`, the unit `tierserve.experiments.capacity` works with; its verdicts add `backlog_verdict` under
+"backlog".
+
+`backlog_verdict(table)` — the backlog rule. The queue-trend rule reads TTFT in arrival order, which a
+deadline-ordered scheduler defeats in a run shorter than its relaxed deadlines: it serves requests with
+600–1,800 s targets after the arrivals end, so their TTFT need not rise along the window even when the replica
+is overloaded. The number of unfinished requests does not depend on the order a work-conserving scheduler
+serves in. It is read at `windows` + 1 instants evenly spaced in arrival rank over the steady-state window;
+the run is "unstable" when it grew from the first instant to the last by more than `max_growth` of the
+window's n requests (default max(5%, 2/√n), so that the Poisson noise of small windows is not read as growth)
+AND Mann–Kendall finds the rise significant (p < `alpha`, 0.01): a stable queue's backlog wanders, an
+overloaded one climbs. Rejected requests (never queued) are left out; one that never finished counts as
+unfinished to the end.
 
 `seeds_verdict(runs)` — over seeds, a configuration is "stable" when more than half of its seeds are.
 
@@ -53,6 +65,8 @@ from tierserve.metrics.summary import ALL, RunSummary, summarize
 
 STABLE, UNSTABLE, UNKNOWN = "stable", "unstable", "unknown"
 DEFAULT_DROP_FRACTION = 0.1
+BACKLOG = "backlog"              # the key and measure of the backlog verdict
+MAX_BACKLOG_GROWTH = 0.05        # of the window's requests (the floor of the backlog rule's threshold)
 
 
 # ---- steady-state window ------------------------------------------------------------------------------
@@ -115,6 +129,8 @@ class StabilityVerdict:
     n: int = 0
     window_medians_s: tuple[float, ...] = ()
     reason: str = ""
+    measure: str = "ttft"        # "ttft": the queue-trend rule; "backlog": the backlog rule (slope in
+                                 # requests per s, ratio = growth / n, window_medians_s = backlog samples)
 
     @property
     def stable(self) -> bool:
@@ -124,6 +140,9 @@ class StabilityVerdict:
     def __str__(self) -> str:
         if self.verdict == UNKNOWN:
             return f"{self.verdict} ({self.reason})"
+        if self.measure == BACKLOG:
+            return (f"{self.verdict}: backlog {self.window_medians_s[0]:.0f} → {self.window_medians_s[-1]:.0f} "
+                    f"unfinished requests, growth {self.ratio:+.1%} of n={self.n}, p={self.p_value:.3g}")
         return (f"{self.verdict}: slope {self.slope:+.3f} s/s, last/first median TTFT {self.ratio:.2f}×, "
                 f"growth {self.growth_s:+.2f} s, p={self.p_value:.3g}, censored {self.censored_fraction:.1%}, "
                 f"{len(self.window_medians_s)} windows of n={self.n}" + (f" ({self.reason})" if self.reason else ""))
@@ -131,7 +150,7 @@ class StabilityVerdict:
     def to_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "slope": self.slope, "ratio": self.ratio, "growth_s": self.growth_s,
                 "p_value": self.p_value, "censored_fraction": self.censored_fraction, "n": self.n,
-                "window_medians_s": list(self.window_medians_s), "reason": self.reason}
+                "window_medians_s": list(self.window_medians_s), "reason": self.reason, "measure": self.measure}
 
 
 def trend_test(x: ArrayLike, y: ArrayLike) -> tuple[float, float]:
@@ -217,6 +236,31 @@ def run_stability(table: RequestTable, end_s: float, tier_names: Sequence[str] |
     return out
 
 
+def backlog_verdict(table: RequestTable, drop_fraction: float = DEFAULT_DROP_FRACTION, *, windows: int = 10,
+                    max_growth: float | None = None, alpha: float = 0.01) -> StabilityVerdict:
+    """Does the number of unfinished requests grow across the steady-state window? (module docstring)"""
+    queued = ~table.rejected
+    a = np.asarray(table.arrival_s, dtype=np.float64)[queued]
+    done = np.nan_to_num(np.asarray(table["finish_s"], dtype=np.float64)[queued], nan=np.inf)
+    keep = steady_state_mask(a, drop_fraction)
+    n = int(keep.sum())
+    if n < 4 * windows:
+        return StabilityVerdict(UNKNOWN, n=n, measure=BACKLOG, reason=f"{n} requests in the window: too few "
+                                                                      "for a backlog verdict")
+    window = np.sort(a[keep])
+    at = window[np.linspace(0, n - 1, windows + 1).round().astype(int)]
+    # unfinished at t = arrived by t − finished by t (a request finishes after it arrives)
+    backlog = (np.searchsorted(np.sort(a), at, side="right")
+               - np.searchsorted(np.sort(done), at, side="right")).astype(np.float64)
+    growth = float(backlog[-1] - backlog[0]) / n
+    limit = max(MAX_BACKLOG_GROWTH, 2.0 / math.sqrt(n)) if max_growth is None else max_growth
+    p, slope = trend_test(at, backlog)
+    unstable = growth > limit and p < alpha
+    return StabilityVerdict(UNSTABLE if unstable else STABLE, slope=slope, ratio=growth, p_value=p, n=n,
+                            window_medians_s=tuple(float(x) for x in backlog), measure=BACKLOG,
+                            reason=f"backlog grew by {growth:+.1%} of the window's requests (limit {limit:.1%})")
+
+
 def all_stable(verdicts: Mapping[str, StabilityVerdict]) -> bool:
     return all(v.stable for v in verdicts.values())
 
@@ -250,9 +294,11 @@ class SteadyRun:
 def steady_run(table: RequestTable, end_s: float, tier_names: Sequence[str] | TierSet | None, seed: int,
                rate: float = math.nan, drop_fraction: float = DEFAULT_DROP_FRACTION,
                extras: Mapping[str, Any] | None = None, **rule: Any) -> SteadyRun:
-    """Steady-state summary plus per-tier verdicts of one finished run."""
+    """Steady-state summary plus the verdicts of one finished run: queue trend per tier and for all requests,
+    and the backlog under "backlog" (module docstring)."""
     summary = steady_state_summary(table, tier_names, drop_fraction, extras)
     stability = run_stability(table, end_s, tier_names, drop_fraction=drop_fraction, **rule)
+    stability[BACKLOG] = backlog_verdict(table, drop_fraction)
     return SteadyRun(summary, stability, seed, rate, drop_fraction)
 
 
