@@ -193,14 +193,14 @@ def test_violator_is_relegated_itself_when_all_tiers_are_equal():
     assert plan.scheduled[0][0] is fine                                   # relegated requests run last
 
 
-def test_relegation_takes_the_lowest_tier_ahead_first_and_the_violator_only_when_none_is_left():
+def test_relegation_scope_ahead_takes_the_lowest_tier_ahead_first_and_the_violator_only_when_none_is_left():
     now = 10.0
     savable = state(1, arrival=4.5, prompt=8000, tier=0)        # would miss (due 10.5), has not missed yet
     urgent = SLO(ttft_s=1.0, tbt_s=0.05)
     low_a = state(2, arrival=9.3, prompt=300, tier=1, slo=urgent)     # due 10.3: ahead of it in line
     low_b = state(3, arrival=9.4, prompt=300, tier=2, slo=urgent)
     behind = state(4, arrival=9.0, prompt=300, tier=2, slo=Q3)        # due 1809: behind it, no help
-    pol = niyama(tier_importance=[0, 1, 2])
+    pol = niyama(tier_importance=[0, 1, 2], relegation_scope="ahead")
     queue = [savable, low_a, low_b, behind]
     plan = plan_of(pol, [], queue, now=now)
     assert [s.id for s, _ in plan.relegate] == [3]              # the lowest tier ahead gives way first
@@ -213,10 +213,42 @@ def test_relegation_takes_the_lowest_tier_ahead_first_and_the_violator_only_when
     pol.on_relegate(low_a, None)
     plan = plan_of(pol, [], queue, now=now)
     assert [s.id for s, _ in plan.relegate] == [1]              # none lower ahead: the violator itself
-    pol = niyama(tier_importance=[0, 1, 2])
+    pol = niyama(tier_importance=[0, 1, 2], relegation_scope="ahead")
     missed = state(5, arrival=0.0, prompt=100, tier=0)          # already past its 6 s deadline
     plan = plan_of(pol, [], [missed, state(6, arrival=9.9, prompt=50, tier=2, slo=urgent)], now=now)
     assert [s.id for s, _ in plan.relegate] == [5]              # a lost cause is never rescued at others' cost
+
+
+def test_relegation_takes_the_lowest_tier_in_the_whole_queue_before_any_violator_of_a_higher_one():
+    """Seed 003 / ALGORITHMS.md §4: low-priority requests are relegated first, a higher tier only when no lower
+    one is left — also when the violator has already missed (the default `relegation_scope` "queue")."""
+    now = 10.0
+    urgent = SLO(ttft_s=1.0, tbt_s=0.05)
+    savable = state(1, arrival=4.5, prompt=8000, tier=0)              # would miss (due 10.5)
+    low_ahead = state(2, arrival=9.3, prompt=300, tier=1, slo=urgent)  # due 10.3: ahead of it
+    mid_behind = state(3, arrival=9.0, prompt=300, tier=1, slo=Q3)     # due 1809: behind it
+    low_behind_late = state(4, arrival=9.5, prompt=300, tier=2, slo=Q3)
+    low_behind = state(5, arrival=9.2, prompt=300, tier=2, slo=Q3)     # least important, first in line of them
+    pol = niyama(tier_importance=[0, 1, 2])
+    queue = [savable, low_ahead, mid_behind, low_behind_late, low_behind]
+    gave_way = []
+    for _ in range(5):
+        plan = plan_of(pol, [], queue, now=now)
+        assert len(plan.relegate) == 1
+        victim, why = plan.relegate[0]
+        gave_way.append(victim.id)
+        victim.relegated_s = now
+        pol.on_relegate(victim, None)
+        if victim is savable:
+            break
+        assert "gave way to tier 0 request 1" in why
+    assert gave_way == [2, 5, 4, 3, 1]       # ahead first, then rank 2 in line order, then rank 1, then itself
+    pol = niyama(tier_importance=[0, 1])
+    missed = state(6, arrival=0.0, prompt=100, tier=0)                 # already past its 6 s deadline
+    low = state(7, arrival=9.9, prompt=50, tier=1, slo=Q3)
+    plan = plan_of(pol, [], [missed, low], now=now)
+    assert [s.id for s, _ in plan.relegate] == [7]                     # a low one gives way even for a lost cause
+    assert plan.scheduled[0][0] is missed
 
 
 def test_relegated_requests_still_finish_and_are_reported_relegated():
@@ -393,6 +425,7 @@ def test_skip_ahead_equals_stepping_for_the_new_policies(policy, params):
     ("niyama", {"max_chunk_tokens": 64}, "max_chunk_tokens: got 64"),
     ("niyama", {"slack_factor": math.inf}, "slack_factor: got inf"),
     ("niyama", {"tier_importance": [0, -1]}, "tier_importance: got"),
+    ("niyama", {"relegation_scope": "everyone"}, "relegation_scope: got"),
     ("niyama", {"dynamic_chunking": "yes"}, "dynamic_chunking: got 'yes'"),
     ("niyama", {"throughput_ewma_weight": 2.0}, "throughput_ewma_weight: got 2.0"),
     ("sarathi_fcfs", {"chunk_tokens": 0}, "chunk_tokens: got 0"),
@@ -413,3 +446,72 @@ def test_bad_silo_parameters_name_the_parameter_and_value():
         silo.setup(4, 0)
     with pytest.raises(ConfigError, match="tier: got 5"):
         silo.pool_of(5)
+
+
+# ------------------------------------------------------------------------- deadline-aware dispatch (item 6)
+class Instance:
+    """A replica as a cluster policy sees it (the fields `deadline_slack` reads)."""
+
+    def __init__(self, running=(), waiting=()):
+        self.running, self.waiting, self.swapped = list(running), list(waiting), []
+
+    @property
+    def num_outstanding(self):
+        return len(self.running) + len(self.waiting) + len(self.swapped)
+
+
+def slack_dispatch(**params):
+    return CLUSTER_POLICIES.create("deadline_slack", predictor=LinearPredictor(), **params)
+
+
+def test_deadline_slack_is_the_deadline_minus_the_predicted_first_token_over_the_work_ahead():
+    pol = slack_dispatch(chunk_tokens=100)
+    now = 10.0
+    decodes = [decoding(state(10 + i, arrival=0.0, prompt=200, out=50), 5, 1.0) for i in range(3)]
+    earlier = state(1, arrival=8.0, prompt=400)                       # Q1 due 14: ahead of r
+    later_q3 = state(2, arrival=9.0, prompt=5000, slo=Q3)             # due 1809: r overtakes it
+    relegated = state(3, arrival=1.0, prompt=700)
+    relegated.relegated_s = 5.0                                       # served last: not ahead
+    r = state(4, arrival=now, prompt=300)                             # due 16
+    inst = Instance(decodes, [earlier, later_q3, relegated])
+    ctx = sum(d.num_computed_tokens + 1 for d in decodes)
+    per_iteration = LinearPredictor().iteration_time(100, 100 * 50, 3, ctx)
+    expected = 16.0 - (now + (400 + 300) / 100 * per_iteration)
+    assert pol.predicted_slack_s(r, inst, now) == pytest.approx(expected)
+    q3 = state(5, arrival=now, prompt=300, slo=Q3)                    # sees the Q3 backlog too (not the relegated)
+    assert pol.predicted_slack_s(q3, inst, now) == pytest.approx(
+        now + 1800.0 - (now + (400 + 5000 + 300) / 100 * per_iteration))
+
+
+def test_deadline_slack_sends_an_interactive_request_past_a_relaxed_backlog_that_jsq_avoids():
+    now = 10.0
+    relaxed_backlog = Instance(waiting=[state(i, arrival=9.0, prompt=4000, slo=Q3) for i in range(4)])
+    interactive_work = Instance(waiting=[state(10 + i, arrival=9.5, prompt=3000) for i in range(2)])
+    instances = [relaxed_backlog, interactive_work]
+    q1 = state(20, arrival=now, prompt=200)
+    q3 = state(21, arrival=now, prompt=200, slo=Q3)
+    pol = slack_dispatch()
+    assert CLUSTER_POLICIES.create("jsq").dispatch(q1, instances, now) == 1         # fewer outstanding
+    assert pol.dispatch(q1, instances, now) == 0           # the Q3 backlog is served after it: more slack there
+    assert pol.dispatch(q3, instances, now) == 1           # a Q3 request waits behind everything: less work on 1
+    assert pol.dispatch(q1, [Instance(), Instance()], now) == 0                    # ties: lower index
+
+
+def test_deadline_slack_runs_in_the_simulator_and_rejects_bad_parameters():
+    reqs = _fast_reqs(200, rate=30.0)
+    res = simulate(ClusterConfig(num_replicas=2, local_policy="niyama", cluster_policy="deadline_slack"), reqs, 3,
+                   predictor=DCPredictor())
+    assert all(s.finish_s is not None and s.finish_s >= s.arrival_s for s in res.states)
+    assert {s.replica for s in res.states} == {0, 1}
+    with pytest.raises(ConfigError, match="chunk_tokens: got 0"):
+        CLUSTER_POLICIES.create("deadline_slack", chunk_tokens=0, predictor=LinearPredictor())
+    with pytest.raises(ConfigError, match="model"):
+        CLUSTER_POLICIES.create("deadline_slack", model="GPT-9")
+
+
+def test_conftest_predictor_bisects_to_the_largest_chunk_that_fits_like_a_linear_scan():
+    fast, scan = LinearPredictor(), DCPredictor()
+    for slack in (0.004, 0.006, 0.02, 0.05, 0.3):
+        for decodes, ctx, pctx, lo, hi in ((0, 0, 0, 0, 8192), (32, 20_000, 500, 128, 2552), (8, 100, 0, 100, 90)):
+            assert fast.max_prefill_tokens_within(slack, decodes, ctx, pctx, lo, hi) == \
+                scan.max_prefill_tokens_within(slack, decodes, ctx, pctx, lo, hi)

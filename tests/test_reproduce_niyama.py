@@ -47,6 +47,7 @@ def test_reproduce_niyama_micro_study(tmp_path):
                   rel_tol=0.5, lo=1.0, hi=16.0, alphas=(0.008,), segment_s=5.0, overload_duration_s=30.0,
                   ablation_goodput=False)
     res = run_study(study, tmp_path, executor="serial", log=lambda m: None)
+    assert res["study"]["workers"] == 2
     g = {k: v["rate"] for k, v in res["goodput"]["azure_code"].items()}
     assert all(v > 0 for v in g.values())
     assert g["Niyama"] >= g["Sarathi-FCFS"]                  # deadline-aware beats FCFS on deadlines
@@ -54,12 +55,22 @@ def test_reproduce_niyama_micro_study(tmp_path):
     assert gpus["niyama_gpus"] <= gpus["silo_total"]          # sharing needs no more GPUs than silos
     assert len(gpus["silo_gpus"]) == 3 and all(n >= 1 for n in gpus["silo_gpus"])
     d = res["diurnal"]
-    for label in ("Sarathi-FCFS", "Sarathi-EDF", "Niyama"):
+    for label in ("Sarathi-FCFS", "Sarathi-EDF", "Niyama", "Niyama, high priority only"):
         assert 0.0 <= d[label]["all"][0] <= 100.0 and not math.isnan(d[label]["critical"][0])
+    assert math.isnan(d["Niyama, high priority only"]["Q1-low"][0])        # no low-priority traffic at all
+    assert set(res["second_model"]["azure_code"]) == {"Sarathi-FCFS", "Sarathi-EDF", "Sarathi-SRPF", "Niyama"}
+    assert set(res["dispatch"]) == {"round_robin", "jsq", "deadline_slack"}
+    for row in res["dispatch"].values():
+        assert row["per_replica"] == row["capacity"] / 2 and set(row["points"]) == set(study.dispatch_rhos)
+    for rho, row in res["lengths"].items():
+        for v in row.values():                  # every steady-state request lands in exactly one bin per length
+            n = [sum(b["requests"] for b in v["bins"][col]) for col in ("prompt_tokens", "output_tokens")]
+            assert n[0] == n[1] > 0
     saved = json.loads((tmp_path / "niyama_results.json").read_text())
     assert set(saved["ablation"]) == {"Sarathi-EDF", "+DC", "+ER", "+HP", "+SP (Niyama)"}
     text = (tmp_path / "niyama_report.md").read_text()
-    for heading in ("Goodput per replica", "GPUs for 50 QPS", "Ablation", "α sensitivity", "Diurnal"):
+    for heading in ("Goodput per replica", "Qwen-7B on 2× A100-80GB", "GPUs for 50 QPS", "Ablation", "α sensitivity",
+                    "cluster dispatchers", "Violations by prompt length", "Violations by decode length", "Diurnal"):
         assert heading in text
     assert (tmp_path / "niyama_diurnal_p99.png").stat().st_size > 0
     assert np.isfinite(res["ablation_overload_rate"])

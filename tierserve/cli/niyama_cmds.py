@@ -9,18 +9,23 @@ import typer
 
 def register(reproduce_app: typer.Typer) -> None:
     @reproduce_app.command("niyama")
-    def niyama(quick: bool = typer.Option(False, "--quick", help="Azure-Code only, 400 requests per run, "
-                                                                 "2-replica clusters, ±20% searches, 20 s diurnal "
-                                                                 "segments (well under a minute)."),
+    def niyama(quick: bool = typer.Option(False, "--quick", help="Azure-Code only, 300 requests per one-replica "
+                                                                 "run (400 per 2-replica run), ±30% searches, 10 s "
+                                                                 "diurnal segments (about a minute)."),
                out: Path = typer.Option(Path("results/niyama"), "--out", help="Folder for the report, JSON and plot."),
                executor: str = typer.Option(None, "--executor", help="process | serial | ray (default: serial "
                                                                      "with --quick, else process)"),
                segment_s: float = typer.Option(None, "--segment-s", help="Override the diurnal segment length (s)."),
                requests: int = typer.Option(None, "--requests", help="Override requests per one-replica run."),
+               workers: int = typer.Option(2, "--workers", min=1, help="Process-pool size: capacity searches run "
+                                                                       "side by side, then every fixed-rate run."),
                reuse: Path = typer.Option(None, "--reuse", help="niyama_results.json of an earlier run of the same "
-                                                                "study: reuse its capacity searches, rerun the rest.")) -> None:
-        """Goodput per replica, GPUs for 50 QPS (silos vs shared), the ablation, α sensitivity and the diurnal
-        run, judged on per-request deadlines with stability verdicts and 95% intervals over 3 seeds."""
+                                                                "study: reuse its Llama-3-8B goodput and silo "
+                                                                "searches, run the rest.")) -> None:
+        """Goodput per replica (Llama-3-8B; Qwen-7B TP2), GPUs for 50 QPS (silos vs shared), Niyama behind
+        round-robin / JSQ / deadline-aware dispatch, the ablation, α sensitivity, violations by request length and
+        the diurnal run, judged on per-request deadlines with stability verdicts and 95% intervals over 3 seeds.
+        Capacity searches run side by side in a process pool of --workers, then every fixed-rate run."""
         from dataclasses import replace
 
         from rich.console import Console
@@ -31,6 +36,7 @@ def register(reproduce_app: typer.Typer) -> None:
             study = replace(study, segment_s=segment_s)
         if requests is not None:
             study = replace(study, num_requests=requests)
+        study = replace(study, workers=workers)
         executor = executor or ("serial" if quick else "process")
         console = Console(width=200)
         t0 = time.perf_counter()

@@ -37,9 +37,7 @@ from tierserve.core import ConfigError
 from tierserve.experiments.capacity import StackCapacity, find_capacity, with_rate, with_seed
 from tierserve.experiments.scenario import ScenarioConfig, run_scenario
 from tierserve.metrics import RequestTable
-from tierserve.metrics.stability import (
-    STABLE, UNKNOWN, UNSTABLE, StabilityVerdict, SteadyRun, mean_ci95, run_stability, steady_run, steady_state_mask,
-)
+from tierserve.metrics.stability import SteadyRun, mean_ci95, run_stability, steady_run
 from tierserve.metrics.summary import summarize
 from tierserve.policies.cluster.silo import silo_layout
 
@@ -93,19 +91,39 @@ class Study:
     max_total_tokens: int = 8192
     model: str = "Llama-3-8B"
     gpu: str = "A100-80GB"
+    second_model: str = "Qwen-7B"        # the seed's second model, on `second_tp` GPUs per replica
+    second_tp: int = 2
+    second_datasets: tuple[str, ...] = ("azure_code",)
+    dispatchers: tuple[str, ...] = ("round_robin", "jsq", "deadline_slack")
+    # Violation points in units of Niyama-behind-JSQ's capacity: at it, 20% over, and the seed's overload in
+    # units of its own Niyama goodput (6 QPS / 3.65 QPS).
+    dispatch_rhos: tuple[float, ...] = (1.0, 1.2, 6.0 / 3.65)
+    workers: int = 2                     # process-pool size (the machine is shared)
 
     def __post_init__(self) -> None:
-        for d in self.datasets + (self.diurnal_dataset,):
+        for d in self.datasets + (self.diurnal_dataset,) + self.second_datasets:
             if d not in DATASETS:
                 raise ConfigError("dataset", d, " | ".join(DATASETS))
         if len(self.seeds) < 3:
             raise ConfigError("seeds", list(self.seeds), "at least 3 seeds (95% intervals need them)")
+        if not (isinstance(self.workers, int) and self.workers >= 1):
+            raise ConfigError("workers", self.workers, "an integer >= 1")
+        from tierserve.policies.cluster import CLUSTER_POLICIES
+        for name in self.dispatchers:
+            if name not in CLUSTER_POLICIES.table:
+                raise ConfigError("dispatchers", name, " | ".join(CLUSTER_POLICIES.table))
 
     @classmethod
     def quick(cls) -> Study:
         return cls(datasets=("azure_code",), num_requests=300, cluster_requests=400, cluster_replicas=2,
                    rel_tol=0.3, lo=1.0, hi=16.0, alphas=(0.0, 0.008), segment_s=10.0, overload_duration_s=40.0,
                    ablation_goodput=False)
+
+
+# Length bins (tokens, upper edges inclusive) for violations by request length: the seed reports violations per
+# length because SRPF and a large α sacrifice long requests.
+PROMPT_BINS = (512, 2048, 4096, math.inf)
+DECODE_BINS = (16, 64, 256, math.inf)
 
 
 # ---- deadlines as the judged targets ---------------------------------------------------------------------
@@ -125,41 +143,10 @@ def deadline_table(table: RequestTable) -> RequestTable:
     return RequestTable({**cols, "ttlt_slo_s": ttlt_t, "tbt_slo_s": np.full_like(tbt_t, np.nan)})
 
 
-MAX_BACKLOG_GROWTH = 0.05
-
-
-def backlog_verdict(table: RequestTable, drop_fraction: float = 0.1,
-                    max_growth: float | None = None) -> StabilityVerdict:
-    """Does the number of unfinished requests grow across the steady-state window?
-
-    The queue-trend verdict reads TTFT against arrival order; a deadline-ordered scheduler with TTLT targets
-    of 600–1800 s serves the relaxed classes after the run's arrivals end, so their TTFT need not trend up
-    within a short run even when the replica is overloaded. The backlog does not depend on the order of a
-    work-conserving scheduler: unstable when (unfinished at the window's last arrival − unfinished at its
-    first) exceeds `max_growth` × the window's n requests; by default max(5%, 2/√n), so that the Poisson noise
-    of small windows (--quick) is not read as growth (5% from n = 1,600 up).
-    """
-    a = table.arrival_s
-    keep = steady_state_mask(a, drop_fraction)
-    if keep.sum() < 20:
-        return StabilityVerdict(UNKNOWN, reason="too few requests for a backlog verdict")
-    t0, t1 = a[keep].min(), a[keep].max()
-    done = np.nan_to_num(table["finish_s"], nan=np.inf)
-
-    def backlog(t: float) -> int:
-        return int(((a <= t) & (done > t)).sum())
-    growth = (backlog(t1) - backlog(t0)) / keep.sum()
-    if max_growth is None:
-        max_growth = max(MAX_BACKLOG_GROWTH, 2.0 / math.sqrt(keep.sum()))
-    verdict = UNSTABLE if growth > max_growth else STABLE
-    return StabilityVerdict(verdict, ratio=growth, n=int(keep.sum()),
-                            reason=f"backlog grew by {growth:.1%} of the window's requests")
-
-
 @dataclass(frozen=True)
 class DeadlineRunner:
-    """`make_run` for `find_capacity`: one seed of a scenario at a rate, judged on deadlines in steady state,
-    with the backlog verdict added to the queue-trend verdicts (key "backlog")."""
+    """`make_run` for `find_capacity`: one seed of a scenario at a rate, judged on deadlines in steady state
+    (queue-trend and backlog verdicts: `tierserve.metrics.stability.steady_run`)."""
 
     cfg: ScenarioConfig
     drop_fraction: float = 0.1
@@ -167,10 +154,8 @@ class DeadlineRunner:
     def __call__(self, rate: float, seed: int) -> SteadyRun:
         result = run_scenario(with_rate(with_seed(self.cfg, seed), rate))
         table = deadline_table(result.table)
-        run = steady_run(table, result.sim.duration_s, result.workload.tier_set, seed, rate, self.drop_fraction,
-                         {"relegated": result.sim.stats["relegated"]})
-        run.stability["backlog"] = backlog_verdict(table, self.drop_fraction)
-        return run
+        return steady_run(table, result.sim.duration_s, result.workload.tier_set, seed, rate, self.drop_fraction,
+                          {"relegated": result.sim.stats["relegated"]})
 
 
 def judge_whole(cfg: ScenarioConfig, seed: int) -> dict[str, Any]:
@@ -183,18 +168,20 @@ def judge_whole(cfg: ScenarioConfig, seed: int) -> dict[str, Any]:
     high = np.isin(table["tier"], [0, 1, 2])            # the critical (high-priority) requests
     critical = 100.0 * (1.0 - float(table.meets_slo[high].mean())) if high.any() else math.nan
     q1 = np.isin(table["tier"], [i for i, t in enumerate(result.workload.tier_set) if t.name.startswith("Q1")])
+    relegated = ~np.isnan(table["relegated_s"])
     return {"violations_pct": viol, "critical_pct": critical, "stable": {k: v.stable for k, v in stability.items()},
-            "relegated": int(result.sim.stats["relegated"]),
+            "relegated": int(result.sim.stats["relegated"]), "relegated_low": int((relegated & ~high).sum()),
             "q1_arrival_s": table.arrival_s[q1].tolist(), "q1_ttft_s": np.nan_to_num(table.ttft_s[q1], nan=1e9).tolist()}
 
 
 # ---- scenarios -------------------------------------------------------------------------------------------
 def scenario(study: Study, dataset: str, policy: str, params: dict[str, Any], *, replicas: int = 1,
              cluster_policy: str = "round_robin", cluster_params: dict | None = None, num_requests: int | None = None,
-             rate: float = 1.0, arrivals: dict | None = None, tiers: dict | None = None) -> ScenarioConfig:
+             rate: float = 1.0, arrivals: dict | None = None, tiers: dict | None = None, model: str | None = None,
+             tp: int = 1) -> ScenarioConfig:
     return ScenarioConfig.from_dict({
         "name": f"niyama-{dataset}-{policy}", "seed": 0,
-        "cluster": {"num_replicas": replicas, "replica": {"model": study.model, "gpu": study.gpu},
+        "cluster": {"num_replicas": replicas, "replica": {"model": model or study.model, "gpu": study.gpu, "tp": tp},
                     "local_policy": policy, "local_policy_params": params,
                     "cluster_policy": cluster_policy, "cluster_policy_params": cluster_params or {}},
         "workload": {"num_requests": num_requests or study.num_requests,
@@ -204,105 +191,255 @@ def scenario(study: Study, dataset: str, policy: str, params: dict[str, Any], *,
                      "tiers": tiers or {"num_tiers": 3, "preset": "niyama"}}})
 
 
-def capacity(study: Study, cfg: ScenarioConfig, executor: str, goals=None, hi: float | None = None) -> StackCapacity:
-    return find_capacity(DeadlineRunner(cfg), study.lo, hi or study.hi, study.seeds, study.rel_tol,
-                         goals=goals, executor=executor)
+def dispatch_params(study: Study, name: str, model: str | None = None, tp: int = 1) -> dict[str, Any]:
+    """Cluster-policy parameters: `deadline_slack` predicts with the replicas' own execution-time model."""
+    return {"model": model or study.model, "gpu": study.gpu, "tp": tp} if name == "deadline_slack" else {}
 
 
-def violation_at(study: Study, cfg: ScenarioConfig, rate: float, executor: str) -> dict[str, Any]:
-    """Deadline-violation % per class and overall at `rate` over `overload_duration_s` of arrivals, mean ± 95%
-    over seeds, and how many seeds were stable."""
-    from tierserve.experiments.capacity import _apply
-    from tierserve.experiments.sweep import run_many
+def search_job(key: tuple, study: Study, cfg: ScenarioConfig, goals: dict | None, hi: float) -> dict[str, Any]:
+    """Process-pool worker: one capacity search (serial inside), as plain numbers and its log line."""
+    cap = find_capacity(DeadlineRunner(cfg), study.lo, hi, study.seeds, study.rel_tol, goals=goals,
+                        executor="serial")
+    return {"key": key, "rate": cap.rate, "stable_rate": cap.stable_rate, "saturated": cap.stack.saturated,
+            "tiers": cap.tier_rates(), "text": str(cap)}
+
+
+def point_job(cfg: ScenarioConfig, rate: float, seed: int, num_requests: int) -> dict[str, Any]:
+    """Process-pool worker: one seed at a fixed rate, judged on deadlines (steady-state window): violation % per
+    class and overall, the verdict, relegations, and misses / requests per prompt- and decode-length bin."""
     data = cfg.model_dump(mode="json")
-    data["workload"]["num_requests"] = max(int(rate * study.overload_duration_s), 50)
-    runner = DeadlineRunner(ScenarioConfig.from_dict(data))
-    runs = run_many(_apply, [{"make_run": runner, "rate": rate, "seed": s} for s in study.seeds],
-                    executor=executor, progress=False)
-    out: dict[str, Any] = {"rate": rate, "stable_seeds": sum(r.stable for r in runs)}
-    for name in list(CLASSES) + ["all"]:
-        ci = mean_ci95([100.0 * (1.0 - r.summary.tiers[name].slo_attainment) for r in runs])
-        out[name] = (ci.mean, ci.half_width)
-    out["relegated"] = float(np.mean([r.summary.extras.get("relegated", 0) for r in runs]))
+    data["workload"]["num_requests"] = num_requests
+    result = run_scenario(with_rate(with_seed(ScenarioConfig.from_dict(data), seed), rate))
+    table = deadline_table(result.table)
+    run = steady_run(table, result.sim.duration_s, result.workload.tier_set, seed, rate, 0.1,
+                     {"relegated": result.sim.stats["relegated"]})
+    keep = np.zeros(len(table), bool)
+    from tierserve.metrics.stability import steady_state_mask
+    keep[steady_state_mask(table.arrival_s)] = True
+    miss = ~table.meets_slo[keep]
+    bins = {}
+    for col, edges in (("prompt_tokens", PROMPT_BINS), ("output_tokens", DECODE_BINS)):
+        which = np.searchsorted(np.asarray(edges[:-1], float), table[col][keep], side="left")
+        bins[col] = {"requests": np.bincount(which, minlength=len(edges)).tolist(),
+                     "misses": np.bincount(which, weights=miss, minlength=len(edges)).astype(int).tolist()}
+    return {"violations_pct": {name: 100.0 * (1.0 - t.slo_attainment) for name, t in run.summary.tiers.items()},
+            "stable": run.stable, "verdict": run.verdict_line(), "relegated": int(result.sim.stats["relegated"]),
+            "bins": bins}
+
+
+def _point_summary(runs: list[dict[str, Any]], rate: float) -> dict[str, Any]:
+    """Mean ± 95% over seeds per class, overall and per length bin; how many seeds were stable."""
+    out: dict[str, Any] = {"rate": rate, "stable_seeds": sum(r["stable"] for r in runs),
+                           "verdicts": [r["verdict"] for r in runs],
+                           "relegated": float(np.mean([r["relegated"] for r in runs]))}
+    for name in runs[0]["violations_pct"]:
+        out[name] = _ci([r["violations_pct"][name] for r in runs])
+    out["bins"] = {}
+    for col in runs[0]["bins"]:
+        rows = []
+        for b in range(len(runs[0]["bins"][col]["requests"])):
+            pct = [100.0 * r["bins"][col]["misses"][b] / r["bins"][col]["requests"][b]
+                   for r in runs if r["bins"][col]["requests"][b]]
+            rows.append({"requests": int(sum(r["bins"][col]["requests"][b] for r in runs)),
+                         "violations_pct": _ci(pct) if pct else (math.nan, math.nan)})
+        out["bins"][col] = rows
     return out
+
+
+class Points:
+    """Fixed-rate runs collected from every part of the study and run in one process pool; identical
+    (config, rate) points are run once."""
+
+    def __init__(self, study: Study) -> None:
+        self.study = study
+        self.jobs: list[dict[str, Any]] = []
+        self.where: dict[str, tuple[int, int]] = {}     # point id -> (first job, last job + 1)
+        self._ids: dict[str, str] = {}
+
+    def add(self, cfg: ScenarioConfig, rate: float, num_requests: int | None = None) -> str:
+        n = num_requests or max(int(rate * self.study.overload_duration_s), 50)
+        ident = json.dumps([cfg.model_dump(mode="json"), rate, n], sort_keys=True)
+        if ident not in self._ids:
+            pid = f"p{len(self._ids)}"
+            self._ids[ident] = pid
+            first = len(self.jobs)
+            self.jobs += [{"cfg": cfg, "rate": rate, "seed": s, "num_requests": n} for s in self.study.seeds]
+            self.where[pid] = (first, len(self.jobs))
+        return self._ids[ident]
+
+    def run(self, executor: str, extra: list[dict[str, Any]] = ()) -> tuple[dict[str, dict[str, Any]], list]:
+        """Every point (summarised by id) and the `extra` jobs ({"fn", "kw"}, run first) in one pool."""
+        from tierserve.experiments.sweep import run_many
+        jobs = list(extra) + [{"fn": point_job, "kw": j} for j in self.jobs]
+        runs = run_many(_call, jobs, executor=executor, workers=self.study.workers, progress=False)
+        extra_runs, runs = runs[:len(extra)], runs[len(extra):]
+        return {pid: _point_summary(runs[a:b], self.jobs[a]["rate"]) for pid, (a, b) in self.where.items()}, extra_runs
+
+
+def _call(fn, kw: dict[str, Any]):
+    """Process-pool worker: `fn(**kw)` (one pool for jobs of several kinds)."""
+    return fn(**kw)
+
+
+def run_searches(study: Study, jobs: list[dict[str, Any]], executor: str, log) -> dict[tuple, dict[str, Any]]:
+    from tierserve.experiments.sweep import run_many
+    out = {}
+    for r in run_many(search_job, jobs, executor=executor, workers=study.workers, progress=False):
+        out[tuple(r["key"])] = r
+        log(f"capacity {' / '.join(str(k) for k in r['key'])}: {r['text']}")
+    return out
+
+
+def _cap_row(r: dict[str, Any]) -> dict[str, Any]:
+    return {"rate": r["rate"], "stable_rate": r["stable_rate"], "saturated": r["saturated"], "tiers": r["tiers"]}
 
 
 # ---- the study -------------------------------------------------------------------------------------------
 def run_study(study: Study, out: str | Path, executor: str = "process", log=print,
               reuse: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run every part; `reuse` (a previous niyama_results.json of the same study) skips the capacity
-    searches (goodput, GPUs, ablation goodputs) and reruns only the load-driven parts."""
+    """Run every part: first every capacity search (one process pool, `study.workers` processes, each search
+    serial inside), then every fixed-rate run (one pool). `reuse` (a previous niyama_results.json of the same
+    study) skips the Llama-3-8B goodput and silo searches and takes their results from it."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    res: dict[str, Any] = {"study": asdict(study), "goodput": {}, "gpus": {}, "ablation": {}, "alpha": {},
-                           "diurnal": {}}
-    if reuse is not None:
-        res["goodput"], res["gpus"] = reuse["goodput"], reuse["gpus"]
-        res["reused_from"] = "capacity searches of a previous run (niyama_results.json)"
-
-    # 1. goodput per replica
-    for d in study.datasets if reuse is None else ():
-        res["goodput"][d] = {}
-        for label, (pol, params) in STACKS.items():
-            cap = capacity(study, scenario(study, d, pol, params), executor)
-            res["goodput"][d][label] = {"rate": cap.rate, "stable_rate": cap.stable_rate,
-                                        "saturated": cap.stack.saturated, "tiers": cap.tier_rates()}
-            log(f"goodput {d:<11} {label:<13} {cap}")
-
-    # 2. GPUs for 50 QPS: silos vs one shared Niyama cluster
+    res: dict[str, Any] = {"study": asdict(study), "goodput": {}, "second_model": {}, "gpus": {}, "dispatch": {},
+                           "ablation": {}, "alpha": {}, "lengths": {}, "diurnal": {}}
     m = study.cluster_replicas
-    for d in study.datasets if reuse is None else ():
-        shared = capacity(study, scenario(study, d, "niyama", {}, replicas=m, cluster_policy="jsq",
-                                          num_requests=study.cluster_requests), executor, hi=study.hi * m)
-        pools = []
-        for c, chunk in enumerate(SILO_CHUNKS):
-            weights = [1.0 if i == c else 0.0 for i in range(3)]
-            params, chunks = silo_layout([[c]], [m], [chunk])
-            cfg = scenario(study, d, "sarathi_fcfs", {"chunk_by_replica": chunks}, replicas=m,
-                           cluster_policy="silo", cluster_params=params, num_requests=study.cluster_requests,
-                           tiers={"num_tiers": 3, "preset": "niyama", "weights": weights})
-            cap = capacity(study, cfg, executor, goals={CLASSES[c]: 0.99}, hi=study.hi * m * 3)
-            pools.append(cap)
-            log(f"silo pool {d:<11} {CLASSES[c]} chunk {chunk}: {cap}")
-        share = study.target_qps / 3
-        silo_gpus = [math.ceil(share * m / p.rate) if p.rate > 0 else math.nan for p in pools]
-        shared_gpus = math.ceil(study.target_qps * m / shared.rate) if shared.rate > 0 else math.nan
-        res["gpus"][d] = {"shared_capacity": shared.rate, "pool_capacity": [p.rate for p in pools],
-                          "silo_gpus": silo_gpus, "silo_total": sum(silo_gpus), "niyama_gpus": shared_gpus}
-        log(f"GPUs for {study.target_qps:g} QPS on {d}: silos {silo_gpus} = {sum(silo_gpus)}, Niyama {shared_gpus}")
-
-    # 3. ablation on the first dataset; 4. α sensitivity
     d0 = study.datasets[0]
-    edf_goodput = res["goodput"][d0]["Sarathi-EDF"]["rate"]
-    ny_goodput = res["goodput"][d0]["Niyama"]["rate"]
+
+    # Phase 1: capacity searches. -------------------------------------------------------------------------
+    jobs: list[dict[str, Any]] = []
+
+    def search(key: tuple, cfg: ScenarioConfig, goals=None, hi: float | None = None) -> None:
+        jobs.append({"key": key, "study": study, "cfg": cfg, "goals": goals, "hi": hi or study.hi})
+
+    if reuse is None:
+        for d in study.datasets:
+            for label, (pol, params) in STACKS.items():
+                search(("goodput", d, label), scenario(study, d, pol, params))
+        for d in study.datasets:
+            search(("shared", d), scenario(study, d, "niyama", {}, replicas=m, cluster_policy="jsq",
+                                           num_requests=study.cluster_requests), hi=study.hi * m)
+            for c, chunk in enumerate(SILO_CHUNKS):
+                params, chunks = silo_layout([[c]], [m], [chunk])
+                cfg = scenario(study, d, "sarathi_fcfs", {"chunk_by_replica": chunks}, replicas=m,
+                               cluster_policy="silo", cluster_params=params, num_requests=study.cluster_requests,
+                               tiers={"num_tiers": 3, "preset": "niyama",
+                                      "weights": [1.0 if i == c else 0.0 for i in range(3)]})
+                search(("silo", d, c), cfg, goals={CLASSES[c]: 0.99}, hi=study.hi * m * 3)
+        if study.ablation_goodput:
+            for label, (pol, params) in ABLATION.items():
+                if label not in ("Sarathi-EDF", "+SP (Niyama)"):
+                    search(("ablation", d0, label), scenario(study, d0, pol, params))
+    else:
+        res["goodput"], res["gpus"] = reuse["goodput"], reuse["gpus"]
+        res["reused_from"] = "Llama-3-8B goodput and silo searches of a previous run (niyama_results.json)"
+    for d in study.second_datasets:
+        for label, (pol, params) in STACKS.items():
+            search(("second", d, label), scenario(study, d, pol, params, model=study.second_model,
+                                                   tp=study.second_tp))
+    for name in study.dispatchers:
+        search(("dispatch", d0, name), scenario(study, d0, "niyama", {}, replicas=m, cluster_policy=name,
+                                                 cluster_params=dispatch_params(study, name),
+                                                 num_requests=study.cluster_requests), hi=study.hi * m)
+    found = run_searches(study, jobs, executor, log)
+
+    for (kind, *rest), r in found.items():
+        if kind == "goodput":
+            res["goodput"].setdefault(rest[0], {})[rest[1]] = _cap_row(r)
+        elif kind == "second":
+            res["second_model"].setdefault(rest[0], {})[rest[1]] = _cap_row(r)
+        elif kind == "dispatch":
+            res["dispatch"][rest[1]] = {"capacity": r["rate"], "per_replica": r["rate"] / m, **_cap_row(r)}
+    for d in (study.datasets if reuse is None else ()):
+        shared = found[("shared", d)]["rate"]
+        pools = [found[("silo", d, c)]["rate"] for c in range(len(SILO_CHUNKS))]
+        share = study.target_qps / 3
+        silo_gpus = [math.ceil(share * m / p) if p > 0 else math.nan for p in pools]
+        shared_gpus = math.ceil(study.target_qps * m / shared) if shared > 0 else math.nan
+        res["gpus"][d] = {"shared_capacity": shared, "pool_capacity": pools, "silo_gpus": silo_gpus,
+                          "silo_total": sum(silo_gpus), "niyama_gpus": shared_gpus}
+        log(f"GPUs for {study.target_qps:g} QPS on {d}: silos {silo_gpus} = {sum(silo_gpus)}, Niyama {shared_gpus}")
+    _save(out, res)
+
+    # Phase 2: fixed-rate runs. ---------------------------------------------------------------------------
+    points = Points(study)
+    g0 = res["goodput"][d0]
+    edf_goodput, ny_goodput = g0["Sarathi-EDF"]["rate"], g0["Niyama"]["rate"]
     overload = study.overload_rho * edf_goodput
     res["ablation_overload_rate"] = overload
-    for label, (pol, params) in ABLATION.items():
-        cfg = scenario(study, d0, pol, params)
-        if label in ("Sarathi-EDF", "+SP (Niyama)"):
-            cap = res["goodput"][d0]["Sarathi-EDF" if label == "Sarathi-EDF" else "Niyama"]["rate"]
+    ablation_pts, alpha_pts = {}, {}
+    if reuse is not None and reuse.get("ablation") and reuse.get("alpha"):
+        # Their stacks carry no tier importance, which is all this change touched in `niyama`: same runs.
+        res["ablation"], res["alpha"] = reuse["ablation"], reuse["alpha"]
+        res["reused_from"] += "; ablation and α runs"
+    else:
+        for label, (pol, params) in ABLATION.items():
+            ablation_pts[label] = points.add(scenario(study, d0, pol, params), overload)
+        alpha_pts = {alpha: {rho: points.add(scenario(study, d0, "niyama", {"alpha_s_per_token": alpha}),
+                                             rho * ny_goodput) for rho in (1.0, study.overload_rho)}
+                     for alpha in study.alphas}
+    # Violations by request length: every stack at the same rates (ρ = 1 and the overload, in units of
+    # Sarathi-EDF's goodput, as the ablation).
+    length_pts = {rho: {label: points.add(scenario(study, d0, pol, params), rho * edf_goodput)
+                        for label, (pol, params) in STACKS.items()} for rho in (1.0, study.overload_rho)}
+    jsq_cap = res["dispatch"].get("jsq", {}).get("capacity", math.nan)
+    dispatch_pts = {}
+    if math.isfinite(jsq_cap) and jsq_cap > 0:
+        for name in study.dispatchers:
+            cfg = scenario(study, d0, "niyama", {}, replicas=m, cluster_policy=name,
+                           cluster_params=dispatch_params(study, name))
+            dispatch_pts[name] = {rho: points.add(cfg, rho * jsq_cap) for rho in study.dispatch_rhos}
+    diurnal_jobs = diurnal_jobs_of(study, res["goodput"][study.diurnal_dataset]["Sarathi-EDF"]["rate"]) \
+        if study.diurnal_dataset in res["goodput"] else None
+    log(f"fixed-rate runs: {len(points.jobs)} ({len(points.where)} points × {len(study.seeds)} seeds)"
+        + (f", diurnal runs: {len(diurnal_jobs[1])}" if diurnal_jobs else ""))
+    extra = []
+    if diurnal_jobs:                       # longest jobs first, so the pool ends with short ones
+        extra = [{"fn": judge_whole, "kw": j} for j in diurnal_jobs[1]]
+    pts, extra_runs = points.run(executor, extra)
+
+    for label, pid in ablation_pts.items():
+        if label == "Sarathi-EDF":
+            cap = edf_goodput
+        elif label == "+SP (Niyama)":
+            cap = ny_goodput
         elif reuse is not None:
-            cap = reuse["ablation"][label]["goodput"]
+            cap = reuse.get("ablation", {}).get(label, {}).get("goodput", math.nan)
         else:
-            cap = capacity(study, cfg, executor).rate if study.ablation_goodput else math.nan
-        v = violation_at(study, cfg, overload, executor)
+            cap = found[("ablation", d0, label)]["rate"] if ("ablation", d0, label) in found else math.nan
+        v = pts[pid]
         res["ablation"][label] = {"goodput": cap, "overload": v}
-        log(f"ablation {label:<13} goodput {cap:.3g}  at {overload:.3g} QPS: violations {v['all'][0]:.1f} ± {v['all'][1]:.1f}%")
-    for alpha in study.alphas:
-        cfg = scenario(study, d0, "niyama", {"alpha_s_per_token": alpha})
-        res["alpha"][alpha] = {rho: violation_at(study, cfg, rho * ny_goodput, executor)
-                               for rho in (1.0, study.overload_rho)}
+        log(f"ablation {label:<13} goodput {cap:.3g}  at {overload:.3g} QPS: violations {v['all'][0]:.1f} ± "
+            f"{v['all'][1]:.1f}% ({v['stable_seeds']}/{len(study.seeds)} seeds stable)")
+    for alpha, row in alpha_pts.items():
+        res["alpha"][alpha] = {rho: pts[pid] for rho, pid in row.items()}
         log(f"alpha {alpha * 1e3:g} ms/token: " + ", ".join(
             f"ρ={rho:g}: {v['all'][0]:.1f}% (Q1 {v['Q1'][0]:.1f}%)" for rho, v in res["alpha"][alpha].items()))
+    for rho, row in length_pts.items():
+        res["lengths"][rho] = {label: pts[pid] for label, pid in row.items()}
+        for label, v in res["lengths"][rho].items():
+            log(f"lengths ρ={rho:g} {label:<13} by prompt: " + " ".join(
+                f"{b['violations_pct'][0]:.1f}" for b in v["bins"]["prompt_tokens"]) + "  by decode: " + " ".join(
+                f"{b['violations_pct'][0]:.1f}" for b in v["bins"]["output_tokens"]))
+    for name, row in dispatch_pts.items():
+        res["dispatch"][name]["points"] = {rho: pts[pid] for rho, pid in row.items()}
+        log(f"dispatch {name:<15} capacity {res['dispatch'][name]['capacity']:.3g} QPS ("
+            f"{res['dispatch'][name]['per_replica']:.3g}/replica); " + ", ".join(
+                f"ρ={rho:g}: {v['all'][0]:.1f}% (Q1 {v['Q1'][0]:.1f}, Q2 {v['Q2'][0]:.1f}, Q3 {v['Q3'][0]:.1f})"
+                for rho, v in res["dispatch"][name]["points"].items()))
+    _save(out, res)
 
-    # 5. diurnal
-    res["diurnal"] = diurnal(study, res["goodput"][study.diurnal_dataset]["Sarathi-EDF"]["rate"], executor, log) \
-        if study.diurnal_dataset in res["goodput"] else {}
-    (out / "niyama_results.json").write_text(json.dumps(_jsonable(res), indent=1, allow_nan=True) + "\n")
+    res["diurnal"] = diurnal_rows(diurnal_jobs[0], extra_runs, diurnal_jobs[2], log) if diurnal_jobs else {}
+    _save(out, res)
     res["markdown"] = report(study, res)
     (out / "niyama_report.md").write_text(res["markdown"] + "\n")
-    res["plots"] = plot_diurnal(res["diurnal"], out / "niyama_diurnal_p99.png")
+    res["plots"] = plot_diurnal(res["diurnal"], out / "niyama_diurnal_p99.png") if res["diurnal"] else []
     return res
+
+
+def _save(out: Path, res: dict[str, Any]) -> None:
+    (out / "niyama_results.json").write_text(json.dumps(_jsonable(res), indent=1, allow_nan=True) + "\n")
 
 
 DIURNAL_STACKS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -310,41 +447,58 @@ DIURNAL_STACKS: dict[str, tuple[str, dict[str, Any]]] = {
     "Sarathi-EDF": ("sarathi_edf", {"chunk_tokens": SHARED_CHUNK}),
     "Niyama": ("niyama", {"tier_importance": [0, 0, 0, 1, 1, 1]}),
 }
+# The same Niyama with the low-priority 20% removed from the traffic (rates × 0.8): what the high-priority
+# requests get when every low-priority one is shed at no cost — the floor any relegation order can reach.
+HIGH_ONLY = "Niyama, high priority only"
+# Niyama with the relegation rule it had before issue 9's fix (only a less important request ahead in line gives
+# way, and a violator past its deadline is relegated itself): what the fix changed.
+AHEAD_ONLY = "Niyama, relegation ahead only"
 
 
-def diurnal_tiers() -> dict[str, Any]:
-    hi, lo = (1 - DIURNAL_LOW_SHARE) / 3, DIURNAL_LOW_SHARE / 3
+def diurnal_tiers(low_share: float = DIURNAL_LOW_SHARE) -> dict[str, Any]:
+    hi, lo = (1 - low_share) / 3, low_share / 3
     slos = [{"ttft_s": 6.0, "tbt_s": 0.05}, {"ttlt_s": 600.0}, {"ttlt_s": 1800.0}]
     return {"num_tiers": 6, "weights": [hi] * 3 + [lo] * 3, "slos": slos * 2,
             "names": ["Q1", "Q2", "Q3", "Q1-low", "Q2-low", "Q3-low"]}
 
 
-def diurnal(study: Study, edf_goodput: float, executor: str, log=print) -> dict[str, Any]:
-    """The seed's diurnal profile in ρ units of Sarathi-EDF's goodput (see SEED_EDF_GOODPUT)."""
-    from tierserve.experiments.sweep import run_many
+def diurnal_jobs_of(study: Study, edf_goodput: float) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
+    """The seed's diurnal profile in ρ units of Sarathi-EDF's goodput (see SEED_EDF_GOODPUT): (what it is,
+    `judge_whole` jobs, their row labels)."""
     seg = study.segment_s
     rates = [round(r / SEED_EDF_GOODPUT * edf_goodput, 3) for r in DIURNAL_RATES]
     n = int(sum(r * seg for r in rates))
-    arrivals = {"kind": "piecewise", "rates": rates, "durations_s": [seg] * len(rates)}
-    out: dict[str, Any] = {"segment_s": seg, "num_requests": n, "rates": rates}
+    info: dict[str, Any] = {"segment_s": seg, "num_requests": n, "rates": rates}
     jobs, labels = [], []
-    for label, (pol, params) in DIURNAL_STACKS.items():
-        cfg = scenario(study, study.diurnal_dataset, pol, params, num_requests=n, arrivals=arrivals,
-                       tiers=diurnal_tiers())
+    rows = [(label, pol, params, 1.0) for label, (pol, params) in DIURNAL_STACKS.items()]
+    pol, params = DIURNAL_STACKS["Niyama"]
+    rows.append((AHEAD_ONLY, pol, {**params, "relegation_scope": "ahead"}, 1.0))
+    rows.append((HIGH_ONLY, pol, params, 1.0 - DIURNAL_LOW_SHARE))
+    for label, pol, params, keep in rows:
+        r = [round(x * keep, 4) for x in rates]
+        arrivals = {"kind": "piecewise", "rates": r, "durations_s": [seg] * len(r)}
+        cfg = scenario(study, study.diurnal_dataset, pol, params, num_requests=int(sum(x * seg for x in r)),
+                       arrivals=arrivals, tiers=diurnal_tiers(DIURNAL_LOW_SHARE if keep == 1.0 else 0.0))
         for s in study.seeds:
             jobs.append({"cfg": cfg, "seed": s})
             labels.append(label)
-    runs = run_many(judge_whole, jobs, executor=executor, progress=False)
-    for label in DIURNAL_STACKS:
+    return info, jobs, labels
+
+
+def diurnal_rows(info: dict[str, Any], runs: list[dict[str, Any]], labels: list[str], log=print) -> dict[str, Any]:
+    out = dict(info)
+    for label in dict.fromkeys(labels):
         mine = [r for r, lab in zip(runs, labels) if lab == label]
         names = list(mine[0]["violations_pct"])
         row = {name: _ci([r["violations_pct"][name] for r in mine]) for name in names}
         row["critical"] = _ci([r["critical_pct"] for r in mine])
         row["relegated"] = float(np.mean([r["relegated"] for r in mine]))
+        row["relegated_low"] = float(np.mean([r["relegated_low"] for r in mine]))
         row["rolling"] = (mine[0]["q1_arrival_s"], mine[0]["q1_ttft_s"])
         out[label] = row
         log(f"diurnal {label:<13} overall {row['all'][0]:.2f}%  critical {row['critical'][0]:.2f}%  "
-            f"Q1 {row['Q1'][0]:.2f}% Q1-low {row['Q1-low'][0]:.2f}%")
+            f"Q1 {row['Q1'][0]:.2f}% Q1-low {row['Q1-low'][0]:.2f}%  relegated {row['relegated']:.0f} "
+            f"(low {row['relegated_low']:.0f})")
     return out
 
 
@@ -385,7 +539,7 @@ def _f(x: float, nd: int = 2) -> str:
 
 def report(study: Study, res: dict[str, Any]) -> str:
     L = ["# Niyama/QoServe (seed 003) — tierserve reproduction", "",
-         f"Llama-3-8B / A100-80GB, physical execution model; seeds {list(study.seeds)}; goodput and capacities by "
+         f"{study.model} / {study.gpu}, physical execution model; seeds {list(study.seeds)}; goodput and capacities by "
          f"bisection to ±{study.rel_tol:.0%} over the seeds pooled (steady-state window, every class ≥ 99% "
          "deadlines met and every queue stable); violation rates mean ± 95% over seeds.", "",
          "## Goodput per replica (QPS)", "",
@@ -397,6 +551,17 @@ def report(study: Study, res: dict[str, Any]) -> str:
         L.append(f"| {d} | " + " | ".join(_f(g[k]) + ("+" if row[k]["saturated"] else "") for k in STACKS) +
                  f" | {_f(g['Niyama'] / g['Sarathi-FCFS'])}× | {_f(g['Niyama'] / g['Sarathi-EDF'])}× | "
                  + (" / ".join(f"{x:g}" for x in seed.values()) if seed else "—") + " |")
+    for d, row in res.get("second_model", {}).items():
+        if d == next(iter(res["second_model"])):
+            L += ["", f"## Goodput per replica, {study.second_model} on {study.second_tp}× {study.gpu} (TP"
+                      f"{study.second_tp}) (QPS)", "",
+                  "| dataset | " + " | ".join(STACKS) + " | Niyama / FCFS | Niyama / EDF | binding (stack) |",
+                  "|---|" + "---|" * (len(STACKS) + 3)]
+        g = {k: v["rate"] for k, v in row.items()}
+        bind = ", ".join(f"{k}: " + min(v["tiers"], key=v["tiers"].get) if v["stable_rate"] > v["rate"] * 1.001
+                         else f"{k}: stability" for k, v in row.items())
+        L.append(f"| {d} | " + " | ".join(_f(g[k]) + ("+" if row[k]["saturated"] else "") for k in STACKS) +
+                 f" | {_f(g['Niyama'] / g['Sarathi-FCFS'])}× | {_f(g['Niyama'] / g['Sarathi-EDF'])}× | {bind} |")
     L += ["", f"## GPUs for {study.target_qps:g} QPS (M = {study.cluster_replicas}-replica capacity, scaled)", "",
           "| dataset | silo pools Q1/Q2/Q3 | silo total | Niyama (shared) | saving | seed silo → Niyama |",
           "|---|---|---|---|---|---|"]
@@ -414,11 +579,42 @@ def report(study: Study, res: dict[str, Any]) -> str:
         seed = SEED_ABLATION.get(label)
         L.append(f"| {label} | {_f(a['goodput'])} | {_f(v['all'][0], 1)} ± {_f(v['all'][1], 1)} | {v['relegated']:.0f} | "
                  + (f"{seed[0]:g} | {seed[1]:g}" if seed else "— | —") + " |")
+    if res.get("dispatch"):
+        m = study.cluster_replicas
+        rhos = list(study.dispatch_rhos)
+        jsq = res["dispatch"].get("jsq", {}).get("capacity", math.nan)
+        L += ["", f"## Niyama behind cluster dispatchers ({study.datasets[0]}, {m} replicas)", "",
+              f"Capacity of the {m}-replica cluster (every class ≥ 99% and stable) and per replica; violations "
+              f"(%, mean ± 95% over seeds) per class at ρ = {', '.join(f'{r:g}' for r in rhos)} of "
+              f"Niyama-behind-JSQ's capacity ({_f(jsq)} QPS), {study.overload_duration_s:g} s of arrivals.", "",
+              "| dispatcher | capacity (QPS) | per replica | " + " | ".join(
+                  f"ρ={r:g} {c}" for r in rhos for c in ("all", "Q1", "Q2", "Q3")) + " | stable seeds |",
+              "|---|---|---|" + "---|" * (4 * len(rhos) + 1)]
+        for name, row in res["dispatch"].items():
+            pts = row.get("points", {})
+            cells = [f"{_f(pts[r][c][0], 1)} ± {_f(pts[r][c][1], 1)}" if r in pts else "—"
+                     for r in rhos for c in ("all", "Q1", "Q2", "Q3")]
+            stable = " / ".join(f"{pts[r]['stable_seeds']}" for r in rhos if r in pts)
+            L.append(f"| {name} | {_f(row['capacity'])}{'+' if row['saturated'] else ''} | {_f(row['per_replica'])} | "
+                     + " | ".join(cells) + f" | {stable} |")
     L += ["", "## α sensitivity (Niyama; violations %, overall and Q1)", "", "| α (ms/token) | " +
           " | ".join(f"ρ = {rho:g}" for rho in (1.0, study.overload_rho)) + " |", "|---|---|---|"]
     for alpha, row in res["alpha"].items():
         L.append(f"| {alpha * 1e3:g} | " + " | ".join(
             f"{_f(v['all'][0], 1)} ± {_f(v['all'][1], 1)} (Q1 {_f(v['Q1'][0], 1)})" for v in row.values()) + " |")
+    for rho, row in res.get("lengths", {}).items():
+        rate = next(iter(row.values()))["rate"]
+        for col, edges, what in (("prompt_tokens", PROMPT_BINS, "prompt"), ("output_tokens", DECODE_BINS, "decode")):
+            lows = [0] + [int(e) for e in edges[:-1]]
+            heads = [f"{lo + 1}–{int(hi)}" if math.isfinite(hi) else f"> {lo}" for lo, hi in zip(lows, edges)]
+            L += ["", f"## Violations by {what} length ({study.datasets[0]}, ρ = {float(rho):g} × Sarathi-EDF "
+                      f"goodput = {_f(rate)} QPS; %, mean ± 95% over seeds; requests in the bin over all seeds)", "",
+                  f"| stack | " + " | ".join(f"{h} tokens" for h in heads) + " | all |",
+                  "|---|" + "---|" * (len(heads) + 1)]
+            for label, v in row.items():
+                L.append(f"| {label} | " + " | ".join(
+                    f"{_f(b['violations_pct'][0], 1)} ± {_f(b['violations_pct'][1], 1)} (n={b['requests']})"
+                    for b in v["bins"][col]) + f" | {_f(v['all'][0], 1)} |")
     d = res["diurnal"]
     names = ["Q1", "Q2", "Q3", "Q1-low", "Q2-low", "Q3-low"]
     if not d:
@@ -426,12 +622,13 @@ def report(study: Study, res: dict[str, Any]) -> str:
     L += ["", f"## Diurnal ({len(DIURNAL_RATES)} segments of {d['segment_s']:g} s at {d['rates']} QPS "
               f"(the seed's {list(DIURNAL_RATES)} in units of its EDF goodput), "
               f"{d['num_requests']} requests, 20% low priority; violations %)", "",
-          "| stack | overall | critical (Q1–Q3 high) | " + " | ".join(names) + " | relegated | seed overall |",
+          "| stack | overall | critical (Q1–Q3 high) | " + " | ".join(names) + " | relegated (low) | seed overall |",
           "|---|" + "---|" * (len(names) + 4)]
-    for label in DIURNAL_STACKS:
+    for label in [k for k in d if isinstance(d[k], dict) and "critical" in d[k]]:
         row = d[label]
-        L.append(f"| {label} | {_f(row['all'][0])} ± {_f(row['all'][1])} | {_f(row['critical'][0])} | "
-                 + " | ".join(_f(row[n][0]) for n in names) + f" | {row['relegated']:.0f} | {SEED_DIURNAL[label]} |")
+        L.append(f"| {label} | {_f(row['all'][0])} ± {_f(row['all'][1])} | {_f(row['critical'][0])} ± "
+                 f"{_f(row['critical'][1])} | " + " | ".join(_f(row[n][0]) for n in names) +
+                 f" | {row['relegated']:.0f} ({row['relegated_low']:.0f}) | {SEED_DIURNAL.get(label, '—')} |")
     return "\n".join(L)
 
 

@@ -111,6 +111,11 @@ _MODELS: tuple[ModelSpec, ...] = (
     # Qwen-72B's config lists intermediate_size 49152 for w1+w2 together; each projection is 24576 wide.
     ModelSpec("Qwen-72B", 80, 8192, 64, 64, 128, 24576, 152064, True, 32768,
               aliases=("Qwen/Qwen-72B", "qwen72b"), profile_dir="Qwen/Qwen-72B"),
+    # Qwen/Qwen-7B (QWenConfig / config.json): 32 layers, hidden 4096, 32 heads without GQA, vocab 151,936,
+    # 8,192 positions; intermediate_size 22016 counts w1+w2 together, each projection is 11,008 wide.
+    # Seed 003 serves it on 2× A100 (TP2). No Vidur profiles: its times are scaled from a profiled model.
+    ModelSpec("Qwen-7B", 32, 4096, 32, 32, 128, 11008, 151936, True, 8192,
+              aliases=("Qwen/Qwen-7B", "qwen7b", "qwen-7b")),
     # 01-ai/Yi-34B config.json: the model of Sarathi-Serve's real-GPU measurements (shared/data/real_gpu).
     ModelSpec("Yi-34B", 60, 7168, 56, 8, 128, 20480, 64000, True, 4096,
               aliases=("01-ai/Yi-34B", "yi34b")),

@@ -11,6 +11,7 @@ CLUSTER_POLICIES = Registry("cluster", {
     "llumnix_k": "tierserve.policies.cluster.llumnix_k:LlumnixK",
     "llumnix_k_adaptive": "tierserve.policies.cluster.llumnix_k:LlumnixKAdaptive",
     "silo": "tierserve.policies.cluster.silo:SiloDispatch",
+    "deadline_slack": "tierserve.policies.cluster.deadline_slack:DeadlineSlackDispatch",
 })
 
 __all__ = ["CLUSTER_POLICIES", "ClusterPolicy", "InstanceView", "Move"]

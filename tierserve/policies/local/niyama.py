@@ -14,8 +14,13 @@ switchable (the ablation turns them on one by one):
 * eager relegation — a prefill candidate that has missed, or is estimated to miss, its first-token (TTLT)
   deadline (now + prefill_rem / prefill-throughput EWMA > deadline; EWMA from 8,500 tok/s) is relegated:
   it still runs, after every non-relegated prefill, and finishes with outcome RELEGATED. With importance
-  ranks (`tier_importance`, default: all equal) a violator that can still make it is saved by relegating
-  the least important candidate instead; only when none is less important is the violator itself relegated.
+  ranks (`tier_importance`, default: all equal) the lowest tier is relegated first (seed 003: low-priority
+  requests are relegated preferentially, and a violated high-priority one only when no low-priority request
+  is left): a violator — one that has missed its deadline too — keeps its place and a less important
+  candidate gives way instead, the least important one ahead of it in line, else (`relegation_scope`
+  "queue", the default) the least important waiting one nearest the front of the line; only when no less
+  important candidate is left is the violator itself relegated. `relegation_scope` "ahead" (the rule before
+  issue 9's fix) looks only ahead of the violator and relegates a violator past its deadline itself.
 * selective preemption — a partially prefilled request may be paused (its KV kept, its chunk given to a
   higher-priority request) only if it still meets its own deadline after the pause; off, partial prefills
   go first as in Sarathi. Decodes are never paused; under a KV shortfall partial prefills are evicted first
@@ -39,6 +44,7 @@ from tierserve.policies.local.sarathi_fcfs import check_chunk
 from tierserve.policies.local.vllm_v0 import arrival_key
 
 PRIORITIES = ("hybrid", "edf", "latest_start")
+RELEGATION_SCOPES = ("queue", "ahead")
 
 
 def _positive(name: str, value, allow_zero: bool = False) -> float:
@@ -61,7 +67,7 @@ class NiyamaPolicy(LocalPolicy):
                  selective_preemption: bool = True, tier_importance: Sequence[int] | None = None,
                  prefill_throughput_tok_s: float = 8500.0, throughput_ewma_weight: float = 0.2,
                  decode_sigmas: float = 2.0, decode_prior_tokens: float = 256.0,
-                 latest_start_tbt_s: float = 0.05) -> None:
+                 latest_start_tbt_s: float = 0.05, relegation_scope: str = "queue") -> None:
         for name, v in (("dynamic_chunking", dynamic_chunking), ("eager_relegation", eager_relegation),
                         ("selective_preemption", selective_preemption)):
             if not isinstance(v, bool):
@@ -90,6 +96,15 @@ class NiyamaPolicy(LocalPolicy):
                                   "a list of integer ranks >= 0, one per tier (0 = most important)")
             tier_importance = tuple(tier_importance)
         self.tier_importance = tier_importance
+        if relegation_scope not in RELEGATION_SCOPES:
+            raise ConfigError("relegation_scope", relegation_scope, " | ".join(RELEGATION_SCOPES))
+        self.relegation_scope = relegation_scope
+        # Waiting requests of each rank below the most important, in line order: where a less important
+        # request to relegate is found when none is ahead of the violator.
+        self._by_rank: dict[int, WaitingHeap] = {}
+        if tier_importance is not None and relegation_scope == "queue":
+            self._by_rank = {rank: WaitingHeap(f"niyama.rank{rank}", accept=lambda s: not s.relegated)
+                             for rank in sorted(set(tier_importance)) if rank > min(tier_importance)}
         self.prefill_tput = _positive("prefill_throughput_tok_s", prefill_throughput_tok_s)
         w = _positive("throughput_ewma_weight", throughput_ewma_weight)
         if w > 1:
@@ -204,6 +219,8 @@ class NiyamaPolicy(LocalPolicy):
         finally:
             self._live.restore()
             self._parked.restore()
+            for heap in self._by_rank.values():
+                heap.restore()
 
     def _plan_prefills(self, view: ReplicaView, plan: BatchPlan, decodes: list[RequestState],
                        partial: list[RequestState], free: int, now: float, idx: int) -> BatchPlan:
@@ -227,12 +244,15 @@ class NiyamaPolicy(LocalPolicy):
             if not er or now <= self.relegate_at(r):
                 return False
             target = r
-            if self.tier_importance is not None and now <= prefill_deadline(r):
+            whole_queue = self.relegation_scope == "queue"
+            if self.tier_importance is not None and (whole_queue or now <= prefill_deadline(r)):
                 rank = self.importance(r)
                 ahead = [a for a in live_p + prefix if _key(a) < _key(k) and id(a[-1]) not in gone
                          and self.importance(a[-1]) > rank]
                 if ahead:     # a less important request ahead of it in line gives way
                     target = max(ahead, key=lambda a: (self.importance(a[-1]), _key(a)))[-1]
+                elif whole_queue:    # else the least important waiting one nearest the front
+                    target = self._least_important_waiting(rank, idx, gone) or r
             gone.add(id(target))
             why = "missed" if now > prefill_deadline(target) else "would miss"
             plan.relegate.append((target, f"eager relegation: {why} its deadline" if target is r else
@@ -318,6 +338,14 @@ class NiyamaPolicy(LocalPolicy):
                                         if id(k[-1]) not in gone), default=math.inf)
         return plan
 
+    def _least_important_waiting(self, rank: int, idx: int, gone: set) -> RequestState | None:
+        """The waiting request of the least important rank below `rank` that is first in line, if any."""
+        for r in sorted((x for x in self._by_rank if x > rank), reverse=True):
+            for e in self._by_rank[r].entries(idx):
+                if id(e[-1]) not in gone:
+                    return e[-1]
+        return None
+
     def _pin(self, partials: list, prefix: list, pull, gone: set, budget: int, now: float) -> tuple[list, list]:
         """Selective preemption, one iteration at a time: a partial prefill yields this iteration's tokens to
         higher-priority waiting requests only if it still meets its deadline after them."""
@@ -346,10 +374,18 @@ class NiyamaPolicy(LocalPolicy):
 
     # ----- hooks -----
     def on_arrival(self, state: RequestState, view: ReplicaView) -> None:
-        self._queue_of(state).push(state, (self.priority_value(state), state.arrival_s))
+        self._enqueue(state)
 
     def on_preempt(self, state: RequestState, mode: PreemptMode, view: ReplicaView) -> None:
-        self._queue_of(state).push(state, (self.priority_value(state), state.arrival_s))
+        self._enqueue(state)
+
+    def _enqueue(self, state: RequestState) -> None:
+        key = (self.priority_value(state), state.arrival_s)
+        self._queue_of(state).push(state, key)
+        if self._by_rank and not state.relegated:
+            heap = self._by_rank.get(self.importance(state))
+            if heap is not None:
+                heap.push(state, key)
 
     def on_relegate(self, state: RequestState, view: ReplicaView) -> None:
         if state.num_blocks == 0:     # waiting: it moves to the relegated queue (a partial prefill stays put)
