@@ -54,3 +54,73 @@ def test_quick_reproduction_reports_table2_and_starvation(tmp_path):
     assert st and all(r["long_e2e.p50"] > r["short_e2e.p50"] for r in st)    # 6k decodes take longer
     assert all(math.isfinite(r["long_slope_s_per_req"]) for r in st)
     assert "± " in md                                       # 95% intervals over seeds
+
+
+# ---- replay, load profiles, the starvation trend, γ records (session 3) ----------------------------------------
+import pytest  # noqa: E402
+from dataclasses import asdict, replace  # noqa: E402
+
+from tierserve.core import ConfigError  # noqa: E402
+from tierserve.experiments.uniboost import (  # noqa: E402
+    _same_setup, _saturation_run, long_request_trend, replay_replicas, run_point,
+)
+
+
+def test_replay_shares_partition_the_cluster_trace():
+    su = Setup(num_requests=60, replay_of=8)
+    shares = [mixed_requests(replace(su, replay_replica=r), 8.0, 5) for r in range(8)]
+    ids = sorted(x.id for sh in shares for x in sh)
+    assert ids == list(range(480))                          # every cluster request goes to exactly one replica
+    whole = {x.id: x for x in mixed_requests(replace(su, replay_of=0, num_requests=480), 8.0, 5)}
+    for sh in shares:                                      # a share is the cluster's requests, unchanged
+        assert all((x.arrival_s, x.prompt_tokens, x.output_tokens) == (whole[x.id].arrival_s, whole[x.id].prompt_tokens,
+                                                                       whole[x.id].output_tokens) for x in sh)
+    assert 30 < np.mean([len(sh) for sh in shares]) < 90 and len({len(sh) for sh in shares}) > 1
+    with pytest.raises(ConfigError, match="replay_replica"):
+        mixed_requests(replace(su, replay_replica=8), 8.0, 0)
+    with pytest.raises(ConfigError, match="arrivals"):
+        mixed_requests(replace(su, arrivals="bursty"), 8.0, 0)
+    assert replay_replicas(0, 32, 2) == [0, 16] and len(set(replay_replicas(3, 512, 2))) == 2
+
+
+def test_rate_profile_scales_each_segment_and_keeps_the_draws():
+    flat = mixed_requests(Setup(num_requests=400), 1.0, 2)
+    steps = mixed_requests(Setup(num_requests=400, rate_profile=(0.5, 2.0)), 1.0, 2)
+    gap = lambda rs, i: rs[i].arrival_s - rs[i - 1].arrival_s  # noqa: E731
+    assert math.isclose(gap(steps, 10), 2.0 * gap(flat, 10)) and math.isclose(gap(steps, 300), 0.5 * gap(flat, 300))
+    assert [r.output_tokens for r in flat] == [r.output_tokens for r in steps]
+    with pytest.raises(ConfigError, match="rate_profile"):
+        mixed_requests(Setup(num_requests=10, rate_profile=(1.0, 0.0)), 1.0, 0)
+
+
+def test_long_request_trend_recovers_a_known_slope_per_cluster_request():
+    rng = np.random.default_rng(0)
+    x = np.sort(rng.uniform(0, 1000, 400))
+    y = 100 + 0.05 * x + rng.normal(0, 5, 400)
+    tr = long_request_trend(x, y, cluster_rate=20.0)
+    assert abs(tr["long_slope_s_per_req"] - 0.05 / 20) < 2 * tr["long_slope_hw_s_per_req"]
+    assert 0 < tr["long_slope_hw_s_per_req"] < 0.001
+    assert math.isclose(tr["long_growth_s"], 0.05 * np.ptp(x), rel_tol=0.1)
+    flat = long_request_trend(x, 100 + rng.normal(0, 5, 400), 20.0)   # no trend: the interval covers 0
+    assert abs(flat["long_slope_s_per_req"]) < flat["long_slope_hw_s_per_req"]
+
+
+def test_gamma_is_recorded_at_every_completion_and_moves_only_with_gamma_ada():
+    su = asdict(Setup(name="gamma", num_requests=300, rate_profile=(0.4, 1.1), record_gamma=True))
+    ada, fixed = run_point("uniboost", {}, su, 3.5, 0), run_point("uniboost_memguard", {"gamma": 1.0}, su, 3.5, 0)
+    assert len(ada["gamma_trace"]) == len(fixed["gamma_trace"]) == 300
+    assert {g for _, g, _ in fixed["gamma_trace"]} == {1.0}
+    assert len({g for _, g, _ in ada["gamma_trace"]}) > 1                  # γ-Ada updated γ during the run
+    assert len(ada["segment_starts_s"]) == 2 and "seg1.gamma.p50" in ada
+
+
+def test_saturation_throughput_and_old_meta_comparison():
+    rate = _saturation_run(asdict(Setup(name="s", workload="starvation", num_requests=150)), 0)
+    assert math.isfinite(rate) and rate > 0
+    old = {k: v for k, v in asdict(Setup()).items() if k not in ("arrivals", "rate_profile", "replay_of")}
+    assert _same_setup(old, Setup()) and not _same_setup(old, Setup(arrivals="azure_conv"))
+
+
+def test_unknown_section_is_a_clear_error(tmp_path):
+    res = CliRunner().invoke(app, ["reproduce", "uniboost", "--sections", "table2,bogus", "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "--sections" in res.output and "bogus" in res.output

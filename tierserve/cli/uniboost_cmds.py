@@ -10,7 +10,8 @@ import typer
 def register(reproduce_app: typer.Typer) -> None:
     @reproduce_app.command("uniboost")
     def uniboost(quick: bool = typer.Option(False, "--quick", help="Smoke run: Table 2 at ρ = 0.9 with 240 "
-                                                                   "requests and the starvation test on 2 replicas."),
+                                                                   "requests and the starvation test (8 replicas "
+                                                                   "by replay, 300 requests each)."),
                  out: Path = typer.Option(Path("results/uniboost"), "--out", help="Folder for the report and runs."),
                  executor: str = typer.Option("process", "--executor", help="process | serial | ray"),
                  seeds: int = typer.Option(3, "--seeds", min=3, help="Seeds per point (≥ 3: intervals need them)."),
@@ -19,9 +20,15 @@ def register(reproduce_app: typer.Typer) -> None:
                                                        "uniboost_meta.json: reuse its measured capacities for "
                                                        "identical setups instead of searching again."),
                  resume: bool = typer.Option(False, "--resume", help="Keep the finished runs in --out that match "
-                                                                     "this study's jobs; run the rest.")) -> None:
-        """Table 2 (% vs srpt), §4.4 SLO scale, Fig. 7 ablation knee, A.3 starvation, sensitivity (k, δ, chunk),
-        dispatch composition and tiers, with stability verdicts and 95% intervals over seeds.
+                                                                     "this study's jobs; run the rest."),
+                 table2_rhos: str = typer.Option(None, "--table2-rhos", help="Comma-separated loads (ρ of fcfs's "
+                                                 "capacity) for Table 2, e.g. 0.7,0.9,1.0,1.25."),
+                 sections: str = typer.Option(None, "--sections", help="Comma-separated subset, in run order, of: "
+                                              "table2, starvation, dispatch, replay, gamma, fig7, sensitivity, "
+                                              "tiers (default: all).")) -> None:
+        """Table 2 (% vs srpt) at several loads, §4.4 SLO scale, Fig. 7 ablation knee, A.3 starvation (8 replicas
+        by replay), sensitivity (k, δ, chunk), Table 9 dispatch on 64 replicas, Table 10 replay on 32–512
+        replicas, γ-Ada over time, and tiers, with stability verdicts and 95% intervals over seeds.
 
         Progress goes to stderr (a line per capacity probe and per finished point); the report, runs and meta
         files in --out are rewritten after every batch and say PARTIAL (or INTERRUPTED) until the study ends."""
@@ -32,6 +39,27 @@ def register(reproduce_app: typer.Typer) -> None:
         from tierserve.experiments.uniboost import Study, run_study
         study = Study.quick() if quick else Study()
         study = replace(study, seeds=tuple(range(seeds)))
+        if sections:
+            from tierserve.core import ConfigError
+            from tierserve.experiments.uniboost import SECTIONS
+            chosen = tuple(x.strip() for x in sections.split(",") if x.strip())
+            bad = [x for x in chosen if x not in SECTIONS]
+            if bad or not chosen:
+                err = ConfigError("--sections", sections, "a comma-separated subset of " + ", ".join(SECTIONS))
+                typer.echo(f"error: {err}", err=True)
+                raise typer.Exit(2)
+            study = replace(study, sections=chosen)
+        if table2_rhos:
+            from tierserve.core import ConfigError
+            try:
+                rhos = tuple(float(x) for x in table2_rhos.split(",") if x.strip())
+            except ValueError:
+                rhos = ()
+            if not rhos or any(not (0 < r < 10) for r in rhos):
+                typer.echo(f"error: {ConfigError('--table2-rhos', table2_rhos, 'comma-separated loads in (0, 10)')}",
+                           err=True)
+                raise typer.Exit(2)
+            study = replace(study, table2_rhos=rhos)
         if requests is not None:
             study = replace(study, table2=replace(study.table2, num_requests=requests))
         console = Console(width=220)

@@ -130,6 +130,9 @@ class UniBoostPolicy(PriorityLoopPolicy):
         self._table_memo: dict[int, float] = {}
         self._since_table = 0
         self.gamma_history: list[tuple[float, float]] = [(0.0, self.gamma)]
+        # what γ-Ada saw at its last update: λ·E[S] (the window's load) and the root it aimed for
+        self.last_load = math.nan
+        self.last_target = math.nan
 
     # ----- work and boost -----
     def _bind(self, view: ReplicaView) -> None:
@@ -232,6 +235,9 @@ class UniBoostPolicy(PriorityLoopPolicy):
         if (self.gamma_ada and self._since_update >= self.ada_every and now - self._last_update_s >= self.ada_period_s
                 and len(self._sizes) >= self.ada_min_samples and len(self._arrivals) >= 2):
             self._update_gamma(now)
+        # γ and γ-Ada's load estimate as of this completion, so a run's γ over time can be read from its requests
+        state.policy_data["gamma"] = self.gamma
+        state.policy_data["gamma_load"] = self.last_load
 
     def _update_gamma(self, now: float) -> None:
         self._since_update = 0
@@ -245,12 +251,14 @@ class UniBoostPolicy(PriorityLoopPolicy):
             lam = (len(a) - 1) / span if span > 0 else math.inf
             sizes = np.fromiter(self._sizes, float)
             mean = float(sizes.mean())
+            self.last_load = lam * mean
             if lam * mean >= 0.98:
                 target = self.gamma_min
             else:
                 target = fcfs_tail_decay_rate(lam, empirical_mgf(sizes), mean)
                 if not (target > 0):
                     target = self.gamma_min
+        self.last_target = target
         g = math.exp((1.0 - self.ada_beta) * math.log(self.gamma) + self.ada_beta * math.log(target))
         self.gamma = min(max(g, self.gamma_min), self.gamma_max)
         self._table_memo.clear()
