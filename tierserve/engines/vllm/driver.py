@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import operator
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -34,12 +35,14 @@ from tierserve.core import (AllocationRule, ConfigError, PreemptMode, Request, R
 from tierserve.policies.local import LOCAL_POLICIES, LocalPolicy, PolicyError, ReplicaView
 from tierserve.engines.vllm.logs import DecisionLog, IterationLog, RequestLog, StepShape
 from tierserve.engines.vllm.mapping import request_meta
+from tierserve.engines.vllm.policies import ENGINE_POLICIES
 from tierserve.engines.vllm.predictor import make_predictor
 from tierserve.engines.vllm.settings import EngineSettings
 
 
 def make_policy(name: str, params: Mapping[str, Any] | None = None) -> LocalPolicy:
-    """A registered policy by name, or `module:Class` of a LocalPolicy subclass; checked for vLLM v1."""
+    """A registered policy by name (or one of the adapter's `ENGINE_POLICIES`, e.g. `vllm_edf`), or
+    `module:Class` of a LocalPolicy subclass; checked for vLLM v1."""
     params = dict(params or {})
     if ":" in name:
         module, _, cls_name = name.partition(":")
@@ -54,8 +57,19 @@ def make_policy(name: str, params: Mapping[str, Any] | None = None) -> LocalPoli
             policy = cls(**params)
         except TypeError as exc:
             raise ConfigError("tierserve.policy_params", params, f"parameters of {cls.__name__}: {exc}") from None
+    elif name in ENGINE_POLICIES:
+        try:
+            policy = ENGINE_POLICIES[name](**params)
+        except TypeError as exc:
+            raise ConfigError("tierserve.policy_params", params, f"parameters of {name}: {exc}") from None
     else:
-        policy = LOCAL_POLICIES.create(name, **params)
+        try:
+            policy = LOCAL_POLICIES.create(name, **params)
+        except ConfigError as exc:
+            if exc.field == "local_policy":     # name the engine's extra policies among the choices
+                raise ConfigError("tierserve.policy", name, f"{exc.allowed}, {', '.join(ENGINE_POLICIES)} "
+                                                            f"(or module:Class of a LocalPolicy)") from None
+            raise
     check_policy(policy)
     return policy
 
@@ -145,15 +159,20 @@ class PolicyDriver:
         self.disagreements = 0
         self.engine_preemptions = 0                   # evictions vLLM made on its own (outside the plan)
         self.relegations = 0
+        self.max_output_placeholders = 0              # tokens in flight seen on one request (async scheduling)
         self._pending: deque[_Pending] = deque()
         self._busy_since: float | None = None         # end of the last step while requests remained
         self._last_plan: dict[str, int] = {}
         self._last_record: dict | None = None
         self._iteration_hook = type(self.policy).on_iteration_end is not LocalPolicy.on_iteration_end
+        self._order_waiting = self.policy.order_waiting
+        self._order_memo: tuple | None = None
+        self.policy.order_waiting = self._order_waiting_memo     # this driver's own policy object
         self.iteration_log = IterationLog(settings.iteration_log) if settings.iteration_log else None
         self.decision_log = DecisionLog(settings.decision_log) if settings.decision_log else None
         self.request_log = RequestLog(settings.request_log) if settings.request_log else None
         self._gaps: dict[int, list[float]] = {}       # state id -> token gaps (s), kept only for the request log
+        self._first_scheduled: dict[int, float] = {}  # state id -> first step start (epoch s), request log only
 
     # ----- requests -----
     def admit(self, req) -> RequestState:
@@ -169,6 +188,7 @@ class PolicyDriver:
         s.replica = 0
         self.states[req.request_id] = s
         self._req[s.id] = req
+        self._sync(s, req, False)
         self.replica.waiting.append(s)
         self.policy.on_arrival(s, self.view)
         return s
@@ -181,23 +201,46 @@ class PolicyDriver:
         s.num_blocks = -(-req.num_computed_tokens // self.replica.block_size) if running else 0
         s.status = Status.RUNNING if running else Status.WAITING
 
+    def _order_waiting_memo(self, waiting):
+        """The policy's `order_waiting`, remembered for the step: the held-back order reuses the plan's."""
+        ordered = self._order_waiting(waiting)
+        if isinstance(ordered, (list, tuple)):      # an iterator (a heap-fed order) is consumed by the plan
+            self._order_memo = (waiting, ordered)
+        return ordered
+
+    def _waiting_order(self, wait_states: list[RequestState]) -> list[RequestState]:
+        """`policy.order_waiting(wait_states)`, or the plan's own result for the same queue."""
+        memo = self._order_memo
+        self._order_memo = None
+        if memo is not None:
+            seen, ordered = memo
+            if len(seen) == len(wait_states) and all(map(operator.is_, seen, wait_states)):
+                return ordered
+        return self._order_waiting(wait_states)
+
     # ----- one step -----
     def plan_step(self, running: Sequence, waiting: Sequence, free_blocks: int) -> StepHints:
         """The policy's plan for this step, as limits vLLM's loop obeys (module docstring)."""
         states = self.states
         rep = self.replica
+        sync = self._sync
         rep.running = run_states = []
         for req in running:
             s = states[req.request_id]
-            self._sync(s, req, True)
+            sync(s, req, True)
             run_states.append(s)
+        # A waiting request's progress changes only when it runs or is preempted, and both re-sync it (the
+        # running loop above; `engine_preempted`): the rest are read as they are, not copied again each step.
         rep.waiting = wait_states = []
+        waiting_status = Status.WAITING
+        get = states.get
         for req in waiting:
-            s = states.get(req.request_id)
+            s = get(req.request_id)
             if s is None:                       # entered by a path that bypassed add_request
                 s = self.admit(req)
                 rep.waiting.pop()
-            self._sync(s, req, False)
+            elif s.status is not waiting_status:
+                sync(s, req, False)
             wait_states.append(s)
         rep.free_blocks = free_blocks
         try:
@@ -223,7 +266,7 @@ class PolicyDriver:
         admit = [s for s, _ in plan.scheduled if s.status != Status.RUNNING]
         hints.admit = [req_of[s.id] for s in admit]
         admitted = {s.id for s in admit}
-        hints.held = [req_of[s.id] for s in self.policy.order_waiting(wait_states) if s.id not in admitted]
+        hints.held = [req_of[s.id] for s in self._waiting_order(wait_states) if s.id not in admitted]
         total = plan.num_tokens
         hints.budget = total if total > 0 else rep.token_budget
         self._last_plan = {req_of[s.id].request_id: n for s, n in plan.scheduled}
@@ -243,14 +286,19 @@ class PolicyDriver:
         shape = StepShape(preemptions=len(engine_preempted))
         batch = []
         states = self.states
+        placeholders = self.max_output_placeholders
         for rid, n in num_scheduled.items():
             req = requests[rid]
+            if req.num_output_placeholders > placeholders:    # > 0 only under vLLM's AsyncScheduler
+                placeholders = req.num_output_placeholders
             before = req.num_computed_tokens - n
             shape.add(n, before, n == 1 and before >= max(req.num_prompt_tokens, req.num_tokens - 1))
             s = states.get(rid)
             if s is not None:
                 s.service_tokens += n
                 s.last_scheduled_s = self.replica.now
+                if self.request_log is not None and s.id not in self._first_scheduled:
+                    self._first_scheduled[s.id] = s.last_scheduled_s
                 c = before + n
                 prompt = s.prompt_tokens
                 if before < prompt:             # prompt tokens computed for the first time count once
@@ -258,6 +306,7 @@ class PolicyDriver:
                     if c > attained_prompt:
                         s.attained_tokens += min(c, prompt) - attained_prompt
                 batch.append(s)
+        self.max_output_placeholders = placeholders
         agree = dict(num_scheduled) == self._last_plan
         if not agree:
             self.disagreements += 1
@@ -279,9 +328,7 @@ class PolicyDriver:
         if s is None:
             return
         s.num_preemptions += 1
-        s.num_blocks = 0
-        s.num_computed_tokens = 0
-        s.status = Status.WAITING
+        self._sync(s, req, False)               # progress as vLLM reset it (recompute: nothing computed)
         self.policy.on_preempt(s, PreemptMode.RECOMPUTE, self.view)
 
     def record_output(self, t_end: float, requests: Mapping[str, Any], busy_after: bool) -> None:
@@ -346,7 +393,9 @@ class PolicyDriver:
             sp = getattr(req, "sampling_params", None)
             self.request_log.write({
                 "id": rid, "tier": s.tier, "xargs": dict(getattr(sp, "extra_args", None) or {}),
-                "arrival_s": s.arrival_s, "first_token_s": s.first_token_s, "finish_s": now,
+                "arrival_s": s.arrival_s, "queued_s": s.dispatch_s,
+                "first_scheduled_s": self._first_scheduled.pop(s.id, -1.0),
+                "first_token_s": s.first_token_s, "finish_s": now,
                 "tokens": req.num_output_tokens, "relegated": s.relegated,
                 "gaps_ms": [round(g * 1e3, 3) for g in self._gaps.pop(s.id, ())]})
         self.policy.on_finish(s, self.view)
@@ -360,4 +409,5 @@ class PolicyDriver:
         return {"policy": self.policy.name, "steps": self.step, "planned_steps": self.planned_steps,
                 "disagreements": self.disagreements, "engine_preemptions": self.engine_preemptions,
                 "relegations": self.relegations, "finished": sum(self.finishes.values()),
+                "max_output_placeholders": self.max_output_placeholders,
                 "finished_more_than_once": sorted(k for k, v in self.finishes.items() if v > 1)}

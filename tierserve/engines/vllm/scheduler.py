@@ -88,7 +88,8 @@ class TierScheduler(Scheduler):
             self._planned_victims.add(victim.request_id)
             self._preempt_request(victim, stamp, drop_stale_output=self.requires_kv_delivery)
         self.running[:] = [r for r in hints.running if r.status == RequestStatus.RUNNING]
-        front = [r for r in self.waiting if r.request_id in self._planned_victims]   # re-enter at the front
+        front = ([r for r in self.waiting if r.request_id in self._planned_victims]   # re-enter at the front
+                 if self._planned_victims else ())
         self.waiting.reorder(hints.admit)
         self.max_num_scheduled_tokens = min(hints.budget, self.configured_token_budget)
         out = super().schedule(*args, **kwargs)

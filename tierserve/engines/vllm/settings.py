@@ -27,8 +27,9 @@ class EngineSettings:
     decision_log: str | None = None
     """JSON-lines path: the policy's decision and the engine's batch at every step (None: off)."""
     request_log: str | None = None
-    """JSON-lines path: one line per request leaving the engine — tier, extra_args, engine-side arrival, first
-    token, finish (epoch s) and every gap between tokens (ms): latencies as the engine saw them (None: off)."""
+    """JSON-lines path: one line per request leaving the engine — tier, extra_args, vLLM's arrival stamp (set by
+    the API server), entry into this scheduler, first scheduled step, first token, finish (epoch s) and every
+    gap between tokens (ms): latencies as the engine saw them (None: off)."""
     exec_model_file: str | None = None
     """Linear fit from `tierserve calibrate --iterations` (this engine's own log): the predictor policies
     may ask (dynamic chunking). None: a policy that asks is refused at its first question."""
