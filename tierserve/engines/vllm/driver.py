@@ -35,13 +35,12 @@ from tierserve.core import (AllocationRule, ConfigError, PreemptMode, Request, R
 from tierserve.policies.local import LOCAL_POLICIES, LocalPolicy, PolicyError, ReplicaView
 from tierserve.engines.vllm.logs import DecisionLog, IterationLog, RequestLog, StepShape
 from tierserve.engines.vllm.mapping import request_meta
-from tierserve.engines.vllm.policies import ENGINE_POLICIES
 from tierserve.engines.vllm.predictor import make_predictor
 from tierserve.engines.vllm.settings import EngineSettings
 
 
 def make_policy(name: str, params: Mapping[str, Any] | None = None) -> LocalPolicy:
-    """A registered policy by name (or one of the adapter's `ENGINE_POLICIES`, e.g. `vllm_edf`), or
+    """A registered policy by name, or
     `module:Class` of a LocalPolicy subclass; checked for vLLM v1."""
     params = dict(params or {})
     if ":" in name:
@@ -57,18 +56,12 @@ def make_policy(name: str, params: Mapping[str, Any] | None = None) -> LocalPoli
             policy = cls(**params)
         except TypeError as exc:
             raise ConfigError("tierserve.policy_params", params, f"parameters of {cls.__name__}: {exc}") from None
-    elif name in ENGINE_POLICIES:
-        try:
-            policy = ENGINE_POLICIES[name](**params)
-        except TypeError as exc:
-            raise ConfigError("tierserve.policy_params", params, f"parameters of {name}: {exc}") from None
     else:
         try:
             policy = LOCAL_POLICIES.create(name, **params)
         except ConfigError as exc:
-            if exc.field == "local_policy":     # name the engine's extra policies among the choices
-                raise ConfigError("tierserve.policy", name, f"{exc.allowed}, {', '.join(ENGINE_POLICIES)} "
-                                                            f"(or module:Class of a LocalPolicy)") from None
+            if exc.field == "local_policy":
+                raise ConfigError("tierserve.policy", name, f"{exc.allowed} (or module:Class of a LocalPolicy)") from None
             raise
     check_policy(policy)
     return policy

@@ -7,6 +7,7 @@ LOCAL_POLICIES = Registry("local", {
     "vllm": "tierserve.policies.local.vllm:VLLMPolicy",
     "vllm_priority": "tierserve.policies.local.vllm:VLLMPriorityPolicy",
     "vllm_priority_sorted": "tierserve.policies.local.vllm:VLLMPrioritySortedPolicy",
+    "vllm_edf": "tierserve.policies.local.vllm_edf:VLLMDeadlinePolicy",
     "vllm_v0": "tierserve.policies.local.vllm_v0:VLLMv0Policy",
     "sarathi": "tierserve.policies.local.sarathi:SarathiPolicy",
     "orca": "tierserve.policies.local.orca:OrcaPolicy",

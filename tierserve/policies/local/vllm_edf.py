@@ -1,6 +1,4 @@
-"""Replica policies shaped for vLLM v1 that the engine adapter adds by name (`ENGINE_POLICIES`).
-
-`vllm_edf`: vLLM v1's per-chunk loop (chunked prefill, per-chunk KV allocation, recompute preemption —
+"""`vllm_edf`: vLLM v1's per-chunk loop (chunked prefill, per-chunk KV allocation, recompute preemption —
 everything v1 can honour) with the waiting queue in earliest-deadline-first order and the victim the running
 request whose deadline is latest. The deadline is the one Sarathi-EDF and Niyama use
 (`tierserve.policies.local.deadlines.prefill_deadline`): a + TTFT for an interactive request, a + TTLT for a
@@ -9,7 +7,7 @@ an SLO has no deadline (infinity) and goes after every request with one, in arri
 
 `sarathi_edf` and `niyama` themselves reserve a request's whole prompt at admission (`WHOLE_PROMPT`), which v1
 cannot honour, so the adapter refuses them (`check_policy`); `vllm_edf` is their deadline order on v1's rule.
-Run it with `--additional-config '{"tierserve": {"policy": "vllm_edf"}}'`; per-request targets come in
+In the simulator it is `-l vllm_edf`; in vLLM, `--additional-config '{"tierserve": {"policy": "vllm_edf"}}'`; per-request targets come in
 `vllm_xargs` (`ttft_s`, `tbt_s`, `ttlt_s`; see `mapping.py`).
 """
 from __future__ import annotations
@@ -38,5 +36,3 @@ class VLLMDeadlinePolicy(VLLMPolicy):
     def order_waiting(self, waiting: Sequence[RequestState]) -> list[RequestState]:
         return sorted(waiting, key=deadline_key)
 
-
-ENGINE_POLICIES = {"vllm_edf": VLLMDeadlinePolicy}
