@@ -283,16 +283,9 @@ def step_features(rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
 def fit_mean_step_time(rows: list[dict]) -> np.ndarray:
     """t = c0 + c1·P + c2·B + c3·pairs + c4·C by ordinary least squares (unbiased on the mean step time),
     coefficients kept >= 0 by dropping the most negative column and refitting."""
+    from tierserve.hardware.calibration import fit_nonneg
     x, y = step_features([r for r in rows if not (r.get("exclude") or "").strip()])
-    active = list(range(x.shape[1]))
-    coef = np.zeros(x.shape[1])
-    while active:
-        sol, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
-        if (sol >= 0).all():
-            coef[active] = sol
-            break
-        active.pop(int(np.argmin(sol)))
-    return coef
+    return fit_nonneg(x, y, relative=False)       # = tierserve calibrate --iterations --objective mean, all rows
 
 
 def write_fit(coef: np.ndarray, path: Path, n_rows: int, source: str) -> Path:

@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tierserve.core.errors import ConfigError
 from tierserve.core.paths import shared_data
 from tierserve.hardware.calibration import (
     ProfileError, calibrate_from_iterations, fit_allreduce, fit_attention_profile, fit_mlp_profile,
@@ -67,6 +68,28 @@ def test_iterations_fit_recovers_linear_model(tmp_path):
     em = fit.to_model()
     assert em.iteration_time(1024, 1024 * 512, 16, 16000) == pytest.approx(
         true[0] + true[1] * 1024 + true[2] * 16 + true[3] * 1024 * 512 + true[4] * 16000, rel=0.03)
+
+
+def test_mean_objective_is_right_on_the_mean_of_skewed_steps(tmp_path):
+    # steps with a right-skewed multiplicative noise (shared-CPU engine): the relative fit sits below the mean
+    rng = np.random.default_rng(1)
+    rows, true_sum = [], 0.0
+    for _ in range(400):
+        pt, b = int(rng.integers(0, 256)), int(rng.integers(1, 8))
+        c = b * int(rng.integers(16, 300))
+        t = 2e-3 + 5e-6 * pt + 4e-4 * b + 1e-8 * c
+        rows.append([pt, b, c, 0, t * 1e3 * rng.lognormal(0.0, 0.6)])
+    p = _write(tmp_path / "log.csv", ["prefill_tokens", "decode_count", "decode_context_sum", "prefill_context",
+                                      "measured_ms"], rows)
+    measured_total = sum(r[4] for r in rows) * 1e-3
+    def predicted_total(fit):
+        em = fit.to_model()
+        return sum(em.iteration_time(r[0], r[0] * r[0] / 2, r[1], r[2]) for r in rows)
+    mean_fit, rel_fit = calibrate_from_iterations(p, objective="mean"), calibrate_from_iterations(p)
+    assert predicted_total(mean_fit) == pytest.approx(measured_total, rel=0.05)
+    assert predicted_total(rel_fit) < 0.85 * measured_total
+    with pytest.raises(ConfigError, match="objective"):
+        calibrate_from_iterations(p, objective="median")
 
 
 def test_committed_coefficients_round_trip(tmp_path):

@@ -114,7 +114,11 @@ def register(app: typer.Typer) -> None:
                   out: Path = typer.Option(..., "--out", help="where to write the fitted JSON"),
                   model: Optional[str] = typer.Option(None, "--model", help="model of the iteration log (physical fit)"),
                   gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU of the iteration log (physical fit)"),
-                  tp: Optional[int] = typer.Option(None, "--tp", help="TP of the iteration log (physical fit)")) -> None:
+                  tp: Optional[int] = typer.Option(None, "--tp", help="TP of the iteration log (physical fit)"),
+                  objective: str = typer.Option("relative", "--objective",
+                                                help="linear iteration fit: relative (best per-step error) or mean "
+                                                     "(plain least squares, right on the mean step: for simulation "
+                                                     "from skewed step times)")) -> None:
         """Fit execution-time coefficients from Vidur profiles or from a measured-iteration log."""
         import json
         from dataclasses import asdict
@@ -140,7 +144,7 @@ def register(app: typer.Typer) -> None:
                 with atomic_path(out) as tmp:
                     store.save(tmp)
             else:
-                fit = calibrate_from_iterations(iterations, model, gpu, tp)
+                fit = calibrate_from_iterations(iterations, model, gpu, tp, objective)
                 write_text_atomic(out, json.dumps(asdict(fit), indent=1) + "\n")
                 if isinstance(fit, PhysicalIterationFit):
                     _print_physical_fit(console, fit)

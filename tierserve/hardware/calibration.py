@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from tierserve.core.errors import TierserveError
+from tierserve.core.errors import ConfigError, TierserveError
 from tierserve.hardware.roofline import (
     ELEMENTWISE_OPS,
     GEMM_OPS,
@@ -129,9 +129,11 @@ def fit_linear(x: np.ndarray, ms: np.ndarray) -> LinearFit:
     return LinearFit(max(float(coef[0]), 0.0), max(float(coef[1]), 0.0))
 
 
-def fit_nonneg(features: np.ndarray, ms: np.ndarray) -> np.ndarray:
-    """Relative-error least squares with columns whose coefficient goes negative dropped (tiny NNLS)."""
-    w = 1.0 / np.maximum(ms, 1e-6)
+def fit_nonneg(features: np.ndarray, ms: np.ndarray, relative: bool = True) -> np.ndarray:
+    """Least squares — on relative error, or plain (`relative=False`: unbiased on the mean, which a simulator
+    summing iteration times needs when times are skewed) — with columns whose coefficient goes negative
+    dropped (tiny NNLS)."""
+    w = 1.0 / np.maximum(ms, 1e-6) if relative else np.ones_like(ms)
     active = list(range(features.shape[1]))
     coef = np.zeros(features.shape[1])
     while active:
@@ -634,15 +636,24 @@ def _log_geometry(rows: list[dict[str, str]], p: Path) -> tuple[str, str, int] |
         raise ProfileError(p, "tp", f"{vals[2]!r} is not an integer") from None
 
 
+ITERATION_OBJECTIVES = ("relative", "mean")
+
+
 def calibrate_from_iterations(csv_path: str | Path, model: str | None = None, gpu: str | None = None,
-                              tp: int | None = None) -> "IterationFit | PhysicalIterationFit":
+                              tp: int | None = None, objective: str = "relative"
+                              ) -> "IterationFit | PhysicalIterationFit":
     """Fit an execution-time model from a log of measured iterations.
 
     Columns: prefill_tokens, decode_count, decode_context_sum, measured_ms, and either prefill_attn_pairs or
     prefill_context (tokens cached before the chunk; pairs = P·(ctx + P/2), one chunk per row); optionally
     model, gpu, tp and exclude. With a (model, GPU, TP) — from the arguments or the log's columns — the fit
-    is physically parametrised (`fit_physical_iterations`); without one it is DESIGN.md's bare linear model.
+    is physically parametrised (`fit_physical_iterations`); without one it is DESIGN.md's bare linear model,
+    fitted on relative error (`objective="relative"`, the best per-step MAPE) or plain least squares
+    (`"mean"`: right on the mean step time — measured steps on a shared CPU are right-skewed, and a relative fit
+    then sits below their mean, so a simulation summing steps runs fast).
     """
+    if objective not in ITERATION_OBJECTIVES:
+        raise ConfigError("objective", objective, " | ".join(ITERATION_OBJECTIVES))
     p = Path(csv_path)
     cols, pairs, exclude, rows = _read_iteration_log(p)
     geom = _log_geometry(rows, p)
@@ -651,6 +662,8 @@ def calibrate_from_iterations(csv_path: str | Path, model: str | None = None, gp
             raise ProfileError(p, "model", "a physical fit needs both a model and a GPU (options or log columns)")
         geom = (model or geom[0], gpu or geom[1], int(tp) if tp is not None else (geom[2] if geom else 1))
     if geom is not None:
+        if objective != "relative":
+            raise ConfigError("objective", objective, "relative (the physical fit of a model/GPU log)")
         return fit_physical_iterations(p, cols, pairs, exclude, *geom)
     y = cols["measured_ms"] * 1e-3
     x = np.stack([np.ones_like(y), cols["prefill_tokens"], cols["decode_count"], pairs,
@@ -660,7 +673,7 @@ def calibrate_from_iterations(csv_path: str | Path, model: str | None = None, gp
         raise ProfileError(p, None, f"need at least 5 rows to fit 5 coefficients, got {int(use.sum())}")
     x, y = x[use], y[use]
     test = holdout_mask(len(y)) if len(y) >= 20 else np.zeros(len(y), bool)
-    coef = fit_nonneg(x[~test], y[~test])
+    coef = fit_nonneg(x[~test], y[~test], relative=objective == "relative")
     err = mape(x[test] @ coef, y[test]) if test.any() else mape(x @ coef, y)
     return IterationFit(*(float(c) for c in coef), n_rows=len(y), mape_test=err, source=str(p))
 
