@@ -100,7 +100,7 @@ class Cluster:
         self.policy = policy
         self.loop = loop
         self.requests = requests
-        self.reject_reason = reject_reason          # Request -> str | None
+        self.reject_reason = reject_reason          # (Request, its fresh RequestState) -> str | None
         self.states: list[RequestState] = []
         self.reasons: dict[int, str] = {}
         # Requests the cluster policy holds: in lanes (`ClusterPolicy.queue_lane`), each kept in arrival
@@ -143,7 +143,7 @@ class Cluster:
             self.states.append(state)
         if self.progress is not None and (i & 1023) == 0:
             self.progress(i, len(self.requests))
-        reason = self.reject_reason(request)
+        reason = self.reject_reason(request, state)
         if reason is not None:
             state.status = Status.REJECTED
             self.num_ended += 1

@@ -13,9 +13,10 @@ import heapq
 from math import log
 from typing import Callable
 
-from tierserve.core import BatchPlan, PreemptMode, RequestState, Status, true_output_tokens
+from tierserve.core import BatchPlan, PreemptMode, RequestState, Status
 from tierserve.core.histogram import LogHistogram
-from tierserve.policies.local.base import LocalPolicy, PolicyError
+from tierserve.policies.local.base import (LocalPolicy, PolicyError, _hold_per_chunk, _hold_whole_prompt,
+                                           holds_computed_plus_next)
 from tierserve.policies.local.view import Oracle, ReplicaView
 from tierserve.sim.events import EventLoop
 
@@ -28,10 +29,25 @@ def prefill_attention_pairs(chunk: int, context_before: int) -> float:
     return chunk * (context_before + chunk * 0.5)
 
 
-class DecodeRun:
-    """A repeatable decode-only batch executing k iterations; `done` of them applied so far."""
+def _flush_bin(hists: list[LogHistogram], b: int, pend: list[int]) -> None:
+    """Count pend[t] values in bin `b` of tier t's histogram (their sum is kept by the caller); zero pend."""
+    for t, n in enumerate(pend):
+        if n:
+            counts = hists[t].counts
+            counts[b] = counts.get(b, 0) + n
+            hists[t].total += n
+            pend[t] = 0
 
-    __slots__ = ("batch", "start_s", "ends", "done", "tier_counts")
+
+class DecodeRun:
+    """A repeatable decode-only batch executing k iterations; `done` of them applied so far.
+
+    `pending`: checkpoints (iterations ended, one in flight?) at which the run was read or cut but not yet
+    applied; they are applied, in order and with the same arithmetic as one `_apply_run` each, in the
+    next pass over the batch (a cut by an arrival then costs no pass of its own).
+    """
+
+    __slots__ = ("batch", "start_s", "ends", "done", "tier_counts", "pending")
 
     def __init__(self, batch: list[RequestState], start_s: float, ends: list[float],
                  tier_counts: dict[int, int]) -> None:
@@ -40,6 +56,7 @@ class DecodeRun:
         self.ends = ends
         self.done = 0
         self.tier_counts = tier_counts
+        self.pending: list[tuple[int, bool]] = []
 
 
 class Replica:
@@ -70,6 +87,9 @@ class Replica:
         if policy.needs_oracle:
             policy.bind_oracle(Oracle())
         self._iteration_hook = type(policy).on_iteration_end is not LocalPolicy.on_iteration_end
+        self._decode_hold_inline = holds_computed_plus_next(policy)
+        self._hold_per_chunk = type(policy).blocks_to_hold is _hold_per_chunk
+        self._hold_whole_prompt = type(policy).blocks_to_hold is _hold_whole_prompt
         self._plan_pending = False
         self.on_finish = on_finish
         # The three queues change only through _join/_leave, which keep the load counters below exact.
@@ -83,6 +103,7 @@ class Replica:
         self.waiting_demand_blocks = 0            # Σ ceil(num_tokens / block_size) over waiting
         self.swapped_demand_blocks = 0            # … over swapped (their KV must come back before they run)
         self.num_preempted_waiting = 0            # waiting requests preempted at least once
+        self._swapped_in_waiting = 0              # waiting requests whose KV is in host memory (moved here swapped)
         self.queues_version = 0                   # bumped on every change to running/waiting/swapped
         self._waiting_heap: list[tuple] = []      # (tier, arrival_s, id, stamp, state), lazily pruned
         self._waiting_stamp: dict[int, int] = {}  # id -> stamp of its live heap entry
@@ -126,6 +147,7 @@ class Replica:
     # ----- entry points -----
     def enqueue(self, state: RequestState, front: bool = False) -> None:
         """A request joins this replica's waiting queue (dispatch or migration of a queued request)."""
+        self._flush()                   # the policy's hook sees the state as of now
         state.replica = self.index
         if state.status != Status.SWAPPED:
             state.status = Status.WAITING
@@ -141,7 +163,7 @@ class Replica:
                 self._plan_pending = True
                 self.loop.at(self.loop.now, RANK_PLAN, self._plan_if_idle)
         elif self._run is not None:
-            self._truncate_run(self.loop.now)
+            self._truncate_run(self.loop.now, defer=True)
 
     def _plan_if_idle(self) -> None:
         self._plan_pending = False
@@ -159,14 +181,24 @@ class Replica:
         """Bring per-request state up to now (iterations ended so far; blocks of the one in flight)."""
         run = self._run
         if run is not None:
-            now = self.loop.now
-            ends = run.ends
-            j = run.done
-            k = len(ends)
-            while j < k and ends[j] <= now:
-                j += 1
-            if j > run.done:
-                self._apply_run(run, j, in_flight=j < k)
+            j = self._ended_by(run, self.loop.now)
+            self._apply_run(run, j, j < len(run.ends))
+
+    def _flush(self) -> None:
+        """Apply the checkpoints a deferred cut left (the state as of that cut), before anything reads it."""
+        run = self._run
+        if run is not None and run.pending:
+            self._apply_run(run, 0, False)
+
+    @staticmethod
+    def _ended_by(run: DecodeRun, now: float) -> int:
+        """Iterations of `run` ended by `now` (counting from the last applied or pending checkpoint)."""
+        ends = run.ends
+        j = run.pending[-1][0] if run.pending else run.done
+        k = len(ends)
+        while j < k and ends[j] <= now:
+            j += 1
+        return j
 
     # ----- queues and the load counters a cluster policy reads (constant time per read) -----
     def _join_running(self, state: RequestState) -> None:
@@ -188,6 +220,8 @@ class Replica:
         self.waiting_demand_blocks += -(-state.num_tokens // self.block_size)   # fixed while it waits
         if state.num_preemptions > 0:
             self.num_preempted_waiting += 1
+        if state.status == Status.SWAPPED:
+            self._swapped_in_waiting += 1
         self._stamps += 1
         self._waiting_stamp[state.id] = self._stamps
         heapq.heappush(self._waiting_heap, (state.tier, state.arrival_s, state.id, self._stamps, state))
@@ -199,6 +233,8 @@ class Replica:
         self.waiting_demand_blocks -= -(-state.num_tokens // self.block_size)
         if state.num_preemptions > 0:
             self.num_preempted_waiting -= 1
+        if state.status == Status.SWAPPED:
+            self._swapped_in_waiting -= 1
         del self._waiting_stamp[state.id]
         if not self.waiting:
             self._waiting_heap.clear()
@@ -260,7 +296,9 @@ class Replica:
         plan = self.policy.plan(self.view)
         if plan.relegate:
             self._apply_relegations(plan, now)
-        swap_s = self._apply_preemptions(plan)
+        # Only a preemption or a request whose KV is in host memory costs PCIe time.
+        swap_s = (self._apply_preemptions(plan) if plan.preempt or self.swapped or self._swapped_in_waiting
+                  else 0.0)
         scheduled = plan.scheduled
         if not scheduled:
             self._busy = False
@@ -268,23 +306,9 @@ class Replica:
                 self._start_next()
             return
         self._busy = True
-        if plan.repeatable and not swap_s and self._admit_all_decode(scheduled):
-            self._start_run(plan, now)
+        if plan.repeatable and not swap_s and self._start_run(plan, now):
             return
-        self._allocate(scheduled)
-        prefill_tokens = 0
-        pairs = 0.0
-        decodes = 0
-        ctx = 0
-        for r, n in scheduled:
-            computed = r.num_computed_tokens
-            if n == 1 and r.num_generated > 0 and r.num_tokens - computed == 1:
-                decodes += 1
-                ctx += computed + 1
-            else:
-                prefill_tokens += n
-                pairs += prefill_attention_pairs(n, computed)
-            r.last_scheduled_s = now
+        prefill_tokens, pairs, decodes, ctx = self._allocate(scheduled, now)
         if prefill_tokens:
             dt = self.predictor.iteration_time(prefill_tokens, pairs, decodes, ctx)
         else:
@@ -351,24 +375,42 @@ class Replica:
         held = self._host_blocks.pop(state.id, 0)
         self.free_swap_blocks += held
 
-    def _admit_all_decode(self, scheduled: list[tuple[RequestState, int]]) -> bool:
-        for r, n in scheduled:
-            if n != 1 or r.status != Status.RUNNING or r.num_generated == 0 or r.num_tokens - r.num_computed_tokens != 1:
-                return False
-        return True
-
-    def _allocate(self, scheduled: list[tuple[RequestState, int]]) -> None:
-        """Validate the plan against memory and batch limits, allocate blocks, admit new requests."""
+    def _allocate(self, scheduled: list[tuple[RequestState, int]], now: float) -> tuple[int, float, int, int]:
+        """Validate the plan against memory and batch limits, allocate blocks, admit new requests; returns
+        the batch's shape for the execution model: (prefill tokens, prefill attention pairs, decodes,
+        decode context tokens)."""
         if len(scheduled) > self.max_num_seqs:
             raise PolicyError(f"{self.policy.name}: batch of {len(scheduled)} > max_num_seqs {self.max_num_seqs}")
         bs = self.block_size
         hold = self.policy.blocks_to_hold
+        per_chunk = self._hold_per_chunk            # these two rules are computed inline (hot loop)
+        whole_prompt = self._hold_whole_prompt
         total = 0
+        prefill_tokens = 0
+        pairs = 0.0
+        decodes = 0
+        ctx = 0
         for r, n in scheduled:
-            if n < 1 or n > r.num_tokens - r.num_computed_tokens:
-                raise PolicyError(f"{self.policy.name}: request {r.id} scheduled {n} tokens, has {r.num_tokens - r.num_computed_tokens} to run")
+            computed = r.num_computed_tokens
+            to_run = r.num_tokens - computed
+            if n < 1 or n > to_run:
+                raise PolicyError(f"{self.policy.name}: request {r.id} scheduled {n} tokens, has {to_run} to run")
             total += n
-            need = hold(r, n, bs) - r.num_blocks
+            if n == 1 and to_run == 1 and r.num_generated > 0:
+                decodes += 1
+                ctx += computed + 1
+            else:
+                prefill_tokens += n
+                pairs += n * (computed + n * 0.5)      # prefill_attention_pairs, inline (hot loop)
+            r.last_scheduled_s = now
+            if per_chunk:
+                need = -(-(computed + n) // bs) - r.num_blocks
+            elif whole_prompt:
+                tokens = computed + n
+                known = r.num_tokens
+                need = -(-(tokens if tokens > known else known) // bs) - r.num_blocks
+            else:
+                need = hold(r, n, bs) - r.num_blocks
             if need > 0:
                 if need > self.free_blocks:
                     raise PolicyError(f"{self.policy.name}: request {r.id} needs {need} KV blocks, {self.free_blocks} free")
@@ -389,6 +431,7 @@ class Replica:
         used = self.total_blocks - self.free_blocks
         if used > self.max_used_blocks:
             self.max_used_blocks = used
+        return prefill_tokens, pairs, decodes, ctx
 
     def _account(self, dt: float) -> None:
         self.iterations += 1
@@ -403,6 +446,16 @@ class Replica:
         finished = []
         dt = now - self._batch_start_s
         hists = self.tbt
+        # LogHistogram.add inlined: the requests decoding in this batch share one previous token time, so
+        # their gaps are equal and binned once (the same bins, counts and sums, added in the same order).
+        h0 = hists[0]
+        log_min, inv, min_value = h0._log_min, h0._inv_log_step, h0.min_value
+        last_gap, last_bin = -1.0, 0
+        # Counts of the current bin per tier, and each tier's running sum (added in the same order as
+        # LogHistogram.add would), written back once per bin change and at the end.
+        pend = [0] * len(hists)
+        pend_any = False
+        sums = [h.sum for h in hists]
         for r, n in self._batch:
             c = r.num_computed_tokens + n
             r.num_computed_tokens = c
@@ -422,12 +475,24 @@ class Replica:
                     r.first_token_s = now
                 else:
                     gap = now - r.last_token_s
-                    hists[r.tier].add(gap)
+                    t = r.tier
+                    if gap != last_gap:
+                        if pend_any:
+                            _flush_bin(hists, last_bin, pend)
+                        last_gap = gap
+                        last_bin = int((log(gap) - log_min) * inv) if gap > min_value else 0
+                    pend[t] += 1
+                    pend_any = True
+                    sums[t] += gap
                     if gap > r.tbt_max_s:
                         r.tbt_max_s = gap
                 r.last_token_s = now
                 if generated >= r._request.output_tokens:     # the executor owns the truth
                     finished.append(r)
+        if pend_any:
+            _flush_bin(hists, last_bin, pend)
+        for h, total in zip(hists, sums):
+            h.sum = total
         batch, self._batch = self._batch, []
         if self._iteration_hook:
             self.policy.on_iteration_end([r for r, _ in batch], 1, dt, self.view)
@@ -446,23 +511,53 @@ class Replica:
         self.on_finish(r)
 
     # ----- decode runs (skip-ahead) -----
-    def _start_run(self, plan: BatchPlan, now: float) -> None:
+    def _start_run(self, plan: BatchPlan, now: float) -> bool:
+        """Start a decode run of the plan's batch; False (nothing changed but `last_scheduled_s`, which the
+        single-iteration path sets the same) when some scheduled request is not a running decode."""
         scheduled = plan.scheduled
-        batch = [r for r, _ in scheduled]
-        self._allocate(scheduled)       # blocks for the first iteration
+        b = len(scheduled)
+        if b > self.max_num_seqs:
+            return False                # the single-iteration path refuses it with the error
         bs = self.block_size
-        b = len(batch)
+        inline_hold = self._decode_hold_inline
+        hold = self.policy.blocks_to_hold
+        running = Status.RUNNING
+        batch = []
+        grow = []                       # (request, blocks) for the ones crossing into a new block
         ctx0 = 0
         k = plan.max_repeat if self.skip_ahead else 1
-        tiers: dict[int, int] = {}
-        for r in batch:
-            ctx0 += r.num_computed_tokens + 1
-            rem = true_output_tokens(r) - r.num_generated
+        per_tier = [0] * self.num_tiers
+        for r, n in scheduled:
+            c = r.num_computed_tokens
+            generated = r.num_generated
+            if n != 1 or r.status != running or generated == 0 or r.num_tokens - c != 1:
+                return False
+            need = (-(-(c + 1) // bs) if inline_hold else hold(r, 1, bs)) - r.num_blocks
+            if need > 0:
+                grow.append((r, need))
+            batch.append(r)
+            ctx0 += c + 1
+            rem = r._request.output_tokens - generated          # true_output_tokens, inline (hot loop)
             if rem < k:
                 k = rem
-            t = r.tier
-            tiers[t] = tiers.get(t, 0) + 1
+            per_tier[r.tier] += 1
             r.last_scheduled_s = now
+        # Each tier's histogram is separate: the order of tiers here changes no count and no sum.
+        tiers = {t: c for t, c in enumerate(per_tier) if c}
+        # Blocks for the first iteration, as `_allocate` would give them (its checks hold for running decodes).
+        if grow:
+            free = self.free_blocks
+            for r, need in grow:
+                if need > free:
+                    raise PolicyError(f"{self.policy.name}: request {r.id} needs {need} KV blocks, {free} free")
+                free -= need
+                r.num_blocks += need
+            self.free_blocks = free
+        used = self.total_blocks - self.free_blocks
+        if used > self.max_used_blocks:
+            self.max_used_blocks = used
+        if b > self.token_budget:
+            raise PolicyError(f"{self.policy.name}: batch of {b} tokens > token budget {self.token_budget}")
         if k > 1:
             k = self._kv_bound(batch, k, bs)
         base = self.predictor.decode_base_time(b)
@@ -486,6 +581,7 @@ class Replica:
         self._run = DecodeRun(batch, now, ends, tiers)      # KV block-seconds are charged as it is applied
         self._version += 1
         self.loop.at(ends[-1], RANK_ITERATION_END, self._end_run, self._version)
+        return True
 
     def _kv_bound(self, batch: list[RequestState], k: int, bs: int) -> int:
         """Largest k' ≤ k such that iterations 1..k'-1 find the KV blocks they need (iteration 0's are held)."""
@@ -510,20 +606,98 @@ class Replica:
                 hi = mid
         return lo
 
-    def _apply_run(self, run: DecodeRun, upto: int, in_flight: bool) -> None:
-        """Apply iterations run.done … upto-1 to every request in the run."""
+    def _apply_run(self, run: DecodeRun, upto: int, in_flight: bool, finished: list | None = None) -> None:
+        """Apply the run's pending checkpoints, then iterations … upto-1 (`in_flight`: the next one has
+        started, so its blocks are held), to every request in the run, in one pass; with `finished`, append
+        to it the requests whose last token that was (in batch order)."""
+        pieces = run.pending
+        if upto > (pieces[-1][0] if pieces else run.done):
+            pieces.append((upto, in_flight))
+        if not pieces:      # already applied (another replica read this one at the instant its run ended)
+            if finished is not None:
+                finished += [r for r in run.batch if r.num_generated >= r._request.output_tokens]
+            return
+        if len(pieces) > 1:
+            self._apply_pieces(run, finished)
+            return
+        upto, in_flight = pieces.pop()
         ends = run.ends
         m0 = run.done
-        if upto <= m0:
-            return          # already applied (another replica read this one at the instant its run ended)
         used_before = self.total_blocks - self.free_blocks
         cnt = upto - m0
         last = ends[upto - 1]
-        shared_max = 0.0
         hists = self.tbt
-        if cnt > 1:
-            # The gaps every request of the run shares: binned once each, counted per run of equal bins, then
-            # added to each tier's histogram in one step per bin (the same bins `add` would give, one by one).
+        shared_max = self._add_shared_gaps(run, m0, upto)
+        bs = self.block_size
+        first_end = ends[m0]
+        extra_tok = 1 if in_flight else 0
+        free = self.free_blocks
+        span = last - (ends[m0 - 1] if m0 else run.start_s)
+        # As stepping would leave it: the start of the iteration in flight, else of the last one applied.
+        scheduled_s = last if in_flight else (ends[upto - 2] if upto >= 2 else run.start_s)
+        # LogHistogram.add inlined for each request's first gap; requests that ran the previous iteration
+        # share it, so it is binned once (the same bins, counts and sums, added in the same order).
+        h0 = hists[0]
+        log_min, inv, min_value = h0._log_min, h0._inv_log_step, h0.min_value
+        last_gap, last_bin = -1.0, 0
+        # Counts of the current bin per tier, and each tier's running sum (added in the same order as
+        # LogHistogram.add would), written back once per bin change and at the end.
+        pend = [0] * len(hists)
+        pend_any = False
+        sums = [h.sum for h in hists]
+        for r in run.batch:
+            c = r.num_computed_tokens + cnt
+            r.num_computed_tokens = c
+            r.num_tokens += cnt
+            r.num_generated += cnt
+            r.attained_tokens += cnt
+            r.service_tokens += cnt
+            r.service_s += span
+            r.last_scheduled_s = scheduled_s
+            gap = first_end - r.last_token_s
+            t = r.tier
+            if gap != last_gap:
+                if pend_any:
+                    _flush_bin(hists, last_bin, pend)
+                last_gap = gap
+                last_bin = int((log(gap) - log_min) * inv) if gap > min_value else 0
+            pend[t] += 1
+            pend_any = True
+            sums[t] += gap
+            if shared_max > gap:
+                gap = shared_max
+            if gap > r.tbt_max_s:
+                r.tbt_max_s = gap
+            r.last_token_s = last
+            need = -(-(c + extra_tok) // bs) - r.num_blocks
+            if need > 0:
+                r.num_blocks += need
+                free -= need
+            if finished is not None and r.num_generated >= r._request.output_tokens:
+                finished.append(r)
+        if pend_any:
+            _flush_bin(hists, last_bin, pend)
+        for h, total in zip(hists, sums):
+            h.sum = total
+        if free < 0:
+            raise AssertionError(f"replica {self.index}: KV over capacity during a decode run")
+        self.free_blocks = free
+        used = self.total_blocks - free
+        if used > self.max_used_blocks:
+            self.max_used_blocks = used
+        # Trapezoid over the applied iterations; exact for one iteration, as stepping charges it.
+        self.kv_block_seconds += 0.5 * (used_before + used) * span
+        run.done = upto
+
+    def _add_shared_gaps(self, run: DecodeRun, m0: int, upto: int) -> float:
+        """Add the token gaps every request of the run shares (iterations m0+1 … upto-1 after their
+        predecessors) to each tier's histogram; returns the largest (0 if none)."""
+        shared_max = 0.0
+        if upto - m0 > 1:
+            # Binned once each, counted per run of equal bins, then added to each tier's histogram in one
+            # step per bin (the same bins `add` would give, one by one).
+            ends = run.ends
+            hists = self.tbt
             h0 = hists[0]
             log_min, inv, min_value = h0._log_min, h0._inv_log_step, h0.min_value
             segments = []
@@ -548,64 +722,151 @@ class Replica:
                 h = hists[tier]
                 for b, n, sm in segments:
                     h.add_bin(b, n * c, sm * c)
+        return shared_max
+
+    def _apply_pieces(self, run: DecodeRun, finished: list | None) -> None:
+        """`_apply_run` of each pending checkpoint in turn, fused into one pass over the batch: every
+        quantity is computed with the same operations in the same order as applying them one by one."""
+        pieces = run.pending
+        ends = run.ends
+        m0 = run.done
+        hists = self.tbt
+        h0 = hists[0]
+        log_min, inv, min_value = h0._log_min, h0._inv_log_step, h0.min_value
+        spans, tokens_at, extras, later_gaps = [], [], [], []
+        shared_max = self._add_shared_gaps(run, m0, pieces[0][0])    # the first piece's, before its requests'
+        prev = m0
+        for u, flying in pieces:
+            if prev > m0:
+                # A later piece's first gap is the same for every request (all emitted at ends[prev-1]).
+                g = ends[prev] - ends[prev - 1]
+                later_gaps.append(g)
+                if g > shared_max:
+                    shared_max = g
+            spans.append(ends[u - 1] - (ends[prev - 1] if prev else run.start_s))
+            tokens_at.append(u - m0)
+            extras.append(1 if flying else 0)
+            prev = u
+        upto, in_flight = pieces[-1]
+        cnt = upto - m0
+        last = ends[upto - 1]
+        scheduled_s = last if in_flight else (ends[upto - 2] if upto >= 2 else run.start_s)
+        # The shared gaps of later pieces do not depend on the request: their largest, for tbt_max.
+        for p in range(1, len(pieces)):
+            a, b = pieces[p - 1][0], pieces[p][0]
+            for m in range(a + 1, b):
+                g = ends[m] - ends[m - 1]
+                if g > shared_max:
+                    shared_max = g
         bs = self.block_size
         first_end = ends[m0]
-        extra_tok = 1 if in_flight else 0
-        free = self.free_blocks
-        span = last - (ends[m0 - 1] if m0 else run.start_s)
-        # As stepping would leave it: the start of the iteration in flight, else of the last one applied.
-        scheduled_s = last if in_flight else (ends[upto - 2] if upto >= 2 else run.start_s)
+        grow = [0] * len(pieces)
+        last_gap, last_bin = -1.0, 0
+        # Counts of the current bin per tier, and each tier's running sum (added in the same order as
+        # LogHistogram.add would), written back once per bin change and at the end.
+        pend = [0] * len(hists)
+        pend_any = False
+        sums = [h.sum for h in hists]
+        steps = list(zip(tokens_at, extras, range(len(pieces))))
         for r in run.batch:
-            c = r.num_computed_tokens + cnt
-            r.num_computed_tokens = c
+            c0 = r.num_computed_tokens
+            r.num_computed_tokens = c0 + cnt
             r.num_tokens += cnt
             r.num_generated += cnt
             r.attained_tokens += cnt
             r.service_tokens += cnt
-            r.service_s += span
+            service = r.service_s
+            for span in spans:
+                service += span
+            r.service_s = service
             r.last_scheduled_s = scheduled_s
             gap = first_end - r.last_token_s
-            hists[r.tier].add(gap)
+            t = r.tier
+            if gap != last_gap:
+                if pend_any:
+                    _flush_bin(hists, last_bin, pend)
+                last_gap = gap
+                last_bin = int((log(gap) - log_min) * inv) if gap > min_value else 0
+            pend[t] += 1
+            pend_any = True
+            sums[t] += gap
             if shared_max > gap:
                 gap = shared_max
             if gap > r.tbt_max_s:
                 r.tbt_max_s = gap
             r.last_token_s = last
-            need = -(-(c + extra_tok) // bs) - r.num_blocks
-            if need > 0:
-                r.num_blocks += need
-                free -= need
-        if free < 0:
-            raise AssertionError(f"replica {self.index}: KV over capacity during a decode run")
+            blocks = r.num_blocks
+            for tokens, extra, p in steps:
+                need = -(-(c0 + tokens + extra) // bs) - blocks
+                if need > 0:
+                    blocks += need
+                    grow[p] += need
+            r.num_blocks = blocks
+            if finished is not None and r.num_generated >= r._request.output_tokens:
+                finished.append(r)
+        if pend_any:
+            _flush_bin(hists, last_bin, pend)
+        for h, total in zip(hists, sums):
+            h.sum = total
+        # Later pieces, in order: their shared gaps, then each request's first gap (one value for all).
+        for p in range(1, len(pieces)):
+            self._add_shared_gaps(run, pieces[p - 1][0], pieces[p][0])
+            g = later_gaps[p - 1]
+            b = int((log(g) - log_min) * inv) if g > min_value else 0
+            for tier, c in run.tier_counts.items():
+                h = hists[tier]
+                h.counts[b] = h.counts.get(b, 0) + c
+                h.total += c
+                total = h.sum
+                for _ in range(c):
+                    total += g
+                h.sum = total
+        free = self.free_blocks
+        used_before = self.total_blocks - free
+        for p, span in enumerate(spans):
+            free -= grow[p]
+            if free < 0:
+                raise AssertionError(f"replica {self.index}: KV over capacity during a decode run")
+            used = self.total_blocks - free
+            if used > self.max_used_blocks:
+                self.max_used_blocks = used
+            self.kv_block_seconds += 0.5 * (used_before + used) * span
+            used_before = used
         self.free_blocks = free
-        used = self.total_blocks - free
-        if used > self.max_used_blocks:
-            self.max_used_blocks = used
-        # Trapezoid over the applied iterations; exact for one iteration, as stepping charges it.
-        self.kv_block_seconds += 0.5 * (used_before + used) * span
         run.done = upto
+        pieces.clear()
 
     def _end_run(self, version: int) -> None:
         if version != self._version:
             return
         run = self._run
         now = self.loop.now
-        self._apply_run(run, len(run.ends), in_flight=False)
+        finished: list[RequestState] = []        # the executor owns the truth (true output lengths)
+        self._apply_run(run, len(run.ends), False, finished)
         self._run = None
         if self._iteration_hook:
             self.policy.on_iteration_end(run.batch, len(run.ends), now - run.start_s, self.view)
-        for r in run.batch:
-            if r.num_generated >= r._request.output_tokens:     # the executor owns the truth
-                self._finish(r, now)
+        for r in finished:
+            self._finish(r, now)
         self._settle_pauses()
         self._start_next()
 
-    def _truncate_run(self, now: float) -> None:
-        """End the current run after the iteration in flight at `now` (it cannot be interrupted)."""
+    def _truncate_run(self, now: float, defer: bool = False) -> None:
+        """End the current run after the iteration in flight at `now` (it cannot be interrupted).
+
+        The state is brought up to now; with `defer` (a new request queued: nothing reads the running
+        requests before the run ends) only a checkpoint is recorded, applied in the run's next pass.
+        """
         run = self._run
-        self.sync()
         ends = run.ends
-        keep = run.done + 1
+        if defer:
+            j = self._ended_by(run, now)
+            if j > (run.pending[-1][0] if run.pending else run.done):
+                run.pending.append((j, j < len(ends)))
+            keep = j + 1
+        else:
+            self.sync()
+            keep = run.done + 1
         if keep < len(ends):
             self.busy_s -= ends[-1] - ends[keep - 1]
             self.iterations -= len(ends) - keep
@@ -626,6 +887,7 @@ class Replica:
         `on_paused(True)` fires when it is paused; `on_paused(False)` if it finished, was preempted, or
         left this replica first (the migration then aborts and nothing is lost).
         """
+        self._flush()
         if state.status != Status.RUNNING or state.replica != self.index:
             on_paused(False)
             return
@@ -655,6 +917,7 @@ class Replica:
 
     def release_paused(self, state: RequestState) -> None:
         """Migration committed: the paused request leaves; its blocks here are freed."""
+        self._flush()
         self.paused.remove(state)
         self.free_blocks += state.num_blocks
         state.num_blocks = 0
@@ -663,6 +926,7 @@ class Replica:
 
     def resume_paused(self, state: RequestState) -> None:
         """Migration aborted: the paused request runs here again, KV intact."""
+        self._flush()
         self.paused.remove(state)
         state.status = Status.RUNNING
         self._join_running(state)
@@ -682,12 +946,14 @@ class Replica:
         return True
 
     def unreserve_blocks(self, n: int) -> None:
+        self._flush()
         self.free_blocks += n
         self.reserved_blocks -= n
         self.poke()
 
     def adopt(self, state: RequestState, reserved: int) -> None:
         """Migration committed: take over a running request whose KV was copied into `reserved` blocks."""
+        self._flush()
         self.reserved_blocks -= reserved
         state.num_blocks = reserved
         state.replica = self.index
@@ -699,6 +965,7 @@ class Replica:
 
     def withdraw_waiting(self, state: RequestState) -> None:
         """Take a queued request (no KV, or swapped) off this replica so it can be enqueued elsewhere."""
+        self._flush()
         if state.status == Status.SWAPPED:
             self._leave_swapped(state)
             self._release_host_blocks(state)

@@ -44,11 +44,12 @@ class RejectionRule:
         self.max_model_len = max_model_len
         self.max_prompt = max_prompt
 
-    def __call__(self, r: Request) -> str | None:
+    def __call__(self, r: Request, state: RequestState | None = None) -> str | None:
+        """Why `r` can never be served (None if it can); `state`: its fresh serving state, if one exists."""
         total = r.prompt_tokens + r.output_tokens
         if total > self.max_model_len:
             return f"prompt+output = {total} tokens exceeds max_model_len {self.max_model_len}"
-        need = self.policy.blocks_to_hold(RequestState(r), total, self.block_size)
+        need = self.policy.blocks_to_hold(RequestState(r) if state is None else state, total, self.block_size)
         if need > self.usable_blocks:
             return (f"needs {need} KV blocks of {self.block_size} tokens (prompt+output = {total} tokens) but a "
                     f"replica admits at most {self.usable_blocks} (KV capacity less the watermark)")

@@ -112,6 +112,12 @@ _HOLD_BY_RULE = {AllocationRule.PER_CHUNK: _hold_per_chunk, AllocationRule.WHOLE
                  AllocationRule.MAX_LENGTH: _hold_max_length}
 
 
+def holds_computed_plus_next(policy: LocalPolicy) -> bool:
+    """True when a decode step's blocks are ceil((computed + 1) / block_size), as per-chunk and whole-prompt
+    allocation give it (hot loops then compute it inline instead of calling `blocks_to_hold`)."""
+    return type(policy).blocks_to_hold in (_hold_per_chunk, _hold_whole_prompt)
+
+
 def evict_from_tail(running: Sequence[RequestState], i: int, end: int, need: int, free: int,
                     preempt: list, mode) -> tuple[int, int]:
     """Preempt running[end-1], running[end-2], … until `need` blocks fit in `free` or running[i] itself goes.

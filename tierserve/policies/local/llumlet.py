@@ -11,7 +11,7 @@ import math
 
 from tierserve.core import BatchPlan, ConfigError, RequestState
 from tierserve.policies.local.base import ReplicaView
-from tierserve.policies.local.vllm import VLLMPrioritySortedPolicy, priority_key
+from tierserve.policies.local.vllm import VLLMPrioritySortedPolicy, priority_key_fast
 
 
 class LlumletPolicy(VLLMPrioritySortedPolicy):
@@ -37,10 +37,10 @@ class LlumletPolicy(VLLMPrioritySortedPolicy):
         return (self.effective_tier(state), state.arrival_s, state.id)
 
     def running_order(self, running: list[RequestState]) -> list[RequestState]:
-        return sorted(running, key=self._key if self.promote_after_s else priority_key)
+        return sorted(running, key=self._key if self.promote_after_s else priority_key_fast)
 
     def order_waiting(self, waiting: list[RequestState]) -> list[RequestState]:
-        return sorted(waiting, key=self._key if self.promote_after_s else priority_key)
+        return sorted(waiting, key=self._key if self.promote_after_s else priority_key_fast)
 
     def plan(self, view: ReplicaView) -> BatchPlan:
         self._now = view.now

@@ -4,8 +4,8 @@ blocks plus a 1% watermark; preemption restarts the youngest running request (re
 from __future__ import annotations
 
 from tierserve.core import AllocationRule, BatchPlan, PreemptMode, RequestState
-from tierserve.policies.local.base import LocalPolicy, ReplicaView, evict_from_tail
-from tierserve.policies.local.vllm_v0 import arrival_key
+from tierserve.policies.local.base import LocalPolicy, ReplicaView, evict_from_tail, holds_computed_plus_next
+from tierserve.policies.local.vllm_v0 import arrival_key_fast
 
 
 class SarathiPolicy(LocalPolicy):
@@ -26,34 +26,41 @@ class SarathiPolicy(LocalPolicy):
         cap = view.max_num_seqs
         plan = BatchPlan()
         scheduled = plan.scheduled
-        running = sorted(view.running, key=arrival_key)
+        running = sorted(view.running, key=arrival_key_fast)
+        inline_hold = holds_computed_plus_next(self)      # a decode's blocks computed inline (hot loop)
+        hold = self.blocks_to_hold
         partial: list[RequestState] = []
         end = len(running)
         i = 0
+        n_scheduled = 0                 # len(scheduled), kept as it grows (hot loop)
         while i < end:
-            if len(scheduled) >= cap:
+            if n_scheduled >= cap:
                 break
             r = running[i]
-            if r.num_tokens - r.num_computed_tokens > 1 or r.num_generated == 0:
+            c = r.num_computed_tokens
+            if r.num_tokens - c > 1 or r.num_generated == 0:
                 partial.append(r)
                 i += 1
                 continue
             if budget <= 0:
                 i += 1
                 continue
-            need = self.blocks_to_hold(r, 1, bs) - r.num_blocks
+            need = (-(-(c + 1) // bs) if inline_hold else hold(r, 1, bs)) - r.num_blocks
             if need > free:
                 end, free = evict_from_tail(running, i, end, need, free, plan.preempt, PreemptMode.RECOMPUTE)
             if end <= i:
                 break
             scheduled.append((r, 1))
+            n_scheduled += 1
             if need > 0:
                 free -= need
             budget -= 1
             i += 1
-        victims = {id(v) for v, _ in plan.preempt}
+        if plan.preempt:
+            victims = {id(v) for v, _ in plan.preempt}
+            partial = [p for p in partial if id(p) not in victims]
         decode_only = True
-        for r in self.prefill_order([p for p in partial if id(p) not in victims]):
+        for r in self.prefill_order(partial):
             if len(scheduled) >= cap or budget <= 0:
                 break
             n = min(r.num_tokens - r.num_computed_tokens, budget)

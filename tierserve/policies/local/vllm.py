@@ -8,10 +8,11 @@ serves running requests in priority order (a tierserve variant, not vLLM's behav
 """
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Sequence
 
 from tierserve.core import BatchPlan, ConfigError, PreemptMode, RequestState
-from tierserve.policies.local.base import LocalPolicy, ReplicaView
+from tierserve.policies.local.base import LocalPolicy, ReplicaView, _hold_per_chunk
 
 PREEMPT_MODES = {"recompute": PreemptMode.RECOMPUTE, "swap": PreemptMode.SWAP}
 
@@ -63,25 +64,32 @@ class VLLMPolicy(LocalPolicy):
         scheduled, preempt = plan.scheduled, plan.preempt
         running = list(self.running_order(view.running))
         max_seqs = view.max_num_seqs
+        per_chunk = type(self).blocks_to_hold is _hold_per_chunk     # then computed inline (hot loop)
+        hold = self.blocks_to_hold
         all_decode = True
         i = 0
-        while i < len(running) and budget > 0 and len(scheduled) < max_seqs:
+        n_running = len(running)        # len(running) and len(scheduled), kept as they change (hot loop)
+        n_scheduled = 0
+        while i < n_running and budget > 0 and n_scheduled < max_seqs:
             r = running[i]
-            n = r.num_tokens - r.num_computed_tokens
+            c = r.num_computed_tokens
+            n = to_run = r.num_tokens - c
             if cap and n > cap:
                 n = cap
             if n > budget:
                 n = budget
-            need = self.blocks_to_hold(r, n, bs) - r.num_blocks
+            need = (-(-(c + n) // bs) if per_chunk else hold(r, n, bs)) - r.num_blocks
             evicted_self = False
             while need > free:
                 j = self.victim_index(running, i)
                 victim = running.pop(j)
+                n_running -= 1
                 preempt.append((victim, self._mode))
                 free += victim.num_blocks
                 if j < i:                      # v1 may pick an already scheduled request: undo its grant
                     k = next(k for k, (s, _) in enumerate(scheduled) if s is victim)
                     granted = scheduled.pop(k)[1]
+                    n_scheduled -= 1
                     budget += granted
                     free += max(self.blocks_to_hold(victim, granted, bs) - victim.num_blocks, 0)
                 if victim is r:
@@ -91,12 +99,12 @@ class VLLMPolicy(LocalPolicy):
                     i -= 1
             if evicted_self:
                 break
-            if need < 0:
-                need = 0
+            if need > 0:
+                free -= need
             scheduled.append((r, n))
-            free -= need
+            n_scheduled += 1
             budget -= n
-            if all_decode and not (n == 1 and r.num_generated > 0 and r.num_tokens - r.num_computed_tokens == 1):
+            if all_decode and (n != 1 or to_run != 1 or r.num_generated == 0):    # is_decode_step, inline
                 all_decode = False
             i += 1
         if all_decode and preempt:           # an undone grant may have been the only non-decode
@@ -132,6 +140,10 @@ def priority_key(state: RequestState) -> tuple[int, float, int]:
     return (state.tier, state.arrival_s, state.id)
 
 
+# The same key as `priority_key`, built in C (sorting whole queues at every plan is a hot path).
+priority_key_fast = attrgetter("tier", "arrival_s", "id")
+
+
 class VLLMPriorityPolicy(VLLMPolicy):
     """vLLM v1 with `scheduling_policy=priority`: priority = tier (0 is served first)."""
 
@@ -140,12 +152,12 @@ class VLLMPriorityPolicy(VLLMPolicy):
     def victim_index(self, running: list[RequestState], i: int) -> int:
         worst = 0
         for k in range(1, len(running)):
-            if priority_key(running[k]) > priority_key(running[worst]):
+            if priority_key_fast(running[k]) > priority_key_fast(running[worst]):
                 worst = k
         return worst
 
     def order_waiting(self, waiting: Sequence[RequestState]) -> list[RequestState]:
-        return sorted(waiting, key=priority_key)
+        return sorted(waiting, key=priority_key_fast)
 
 
 class VLLMPrioritySortedPolicy(VLLMPriorityPolicy):
@@ -155,7 +167,7 @@ class VLLMPrioritySortedPolicy(VLLMPriorityPolicy):
     name = "vllm_priority_sorted"
 
     def running_order(self, running: Sequence[RequestState]) -> list[RequestState]:
-        return sorted(running, key=priority_key)
+        return sorted(running, key=priority_key_fast)
 
     def victim_index(self, running: list[RequestState], i: int) -> int:
         return len(running) - 1

@@ -5,12 +5,18 @@ len(batch)·max(prompt) ≤ token budget (Vidur's padded `max_tokens_in_batch`) 
 """
 from __future__ import annotations
 
+from operator import attrgetter
+
 from tierserve.core import AllocationRule, BatchPlan, PreemptMode, RequestState
-from tierserve.policies.local.base import LocalPolicy, ReplicaView, evict_from_tail
+from tierserve.policies.local.base import LocalPolicy, ReplicaView, _hold_whole_prompt, evict_from_tail
 
 
 def arrival_key(state: RequestState) -> tuple[float, int]:
     return (state.arrival_s, state.id)
+
+
+# The same key as `arrival_key`, built in C (running queues are sorted at every plan).
+arrival_key_fast = attrgetter("arrival_s", "id")
 
 
 class VLLMv0Policy(LocalPolicy):
@@ -44,12 +50,20 @@ class VLLMv0Policy(LocalPolicy):
         if scheduled:
             return plan
         # Decode every running request, oldest first; on a block shortage restart the youngest.
-        running = sorted(view.running, key=arrival_key)
+        running = sorted(view.running, key=arrival_key_fast)
         end = len(running)
+        whole_prompt = type(self).blocks_to_hold is _hold_whole_prompt     # then computed inline (hot loop)
+        hold = self.blocks_to_hold
+        max_seqs = view.max_num_seqs
         i = 0
-        while i < end and len(scheduled) < view.max_num_seqs:
+        while i < end and len(scheduled) < max_seqs:
             r = running[i]
-            need = self.blocks_to_hold(r, 1, bs) - r.num_blocks
+            if whole_prompt:
+                tokens = r.num_computed_tokens + 1
+                known = r.num_tokens
+                need = -(-(tokens if tokens > known else known) // bs) - r.num_blocks
+            else:
+                need = hold(r, 1, bs) - r.num_blocks
             if need > free:
                 end, free = evict_from_tail(running, i, end, need, free, plan.preempt, PreemptMode.RECOMPUTE)
             if end <= i:

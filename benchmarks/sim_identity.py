@@ -1,0 +1,166 @@
+"""Are a speed change's results unchanged? Run a set of stacks in two source trees and compare their outputs
+byte for byte.
+
+    python benchmarks/sim_identity.py --base /path/to/frozen/tree [--work .] [--quick] [--keep DIR]
+
+Each tree runs every stack in a fresh `python` with that tree first on `sys.path`, writing per stack the run's
+`requests.csv` (the streamed stack writes it as requests end), `summary.json`, `summary_by_tier.csv` and
+`extra.json` (every simulator statistic but wall time, and each tier's TBT histogram bins, count and sum
+written with `repr` so no float is rounded). The two trees' files must be identical.
+
+Stacks: every registered local policy behind `round_robin` (3 tiers, 2 replicas at 14 req/s, so queues build);
+`llumlet` behind `llumnix`, `llumnix_k` and `llumnix_k_adaptive`, also on a small KV (preemptions, live
+migrations committed and aborted); `sarathi` behind `jsq`, `infaas` and `random` on 4 replicas; `vllm` on a small
+KV with swap preemption (swaps and recompute fallbacks) and with recompute; `vllm_v0` in Vidur's parity mode;
+`skip_ahead` off; a time limit (censored requests); one streamed run (records written as requests end).
+"""
+from __future__ import annotations
+
+import argparse
+import filecmp
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+
+
+def _workload(n: int, rate: float) -> dict:
+    return {"num_requests": n, "arrivals": {"kind": "poisson", "rate": rate},
+            "lengths": {"kind": "empirical", "dataset": "azure2023_conv", "max_total_tokens": 4096},
+            "tiers": {"num_tiers": 3, "mix": "uniform"}}
+
+
+def stacks(quick: bool) -> dict[str, dict]:
+    """name -> scenario dict. Loads are above the 2-replica capacity (~8-10 req/s) so queues and preemption occur."""
+    from tierserve.policies.local import LOCAL_POLICIES
+    n = 300 if quick else 1500
+    out = {}
+    for local in LOCAL_POLICIES.names:
+        out[f"{local}+round_robin"] = {"seed": 7, "cluster": {"num_replicas": 2, "local_policy": local,
+                                                              "cluster_policy": "round_robin"},
+                                       "workload": _workload(n, 14.0)}
+    for cluster in ("llumnix", "llumnix_k", "llumnix_k_adaptive"):
+        out[f"llumlet+{cluster}"] = {"seed": 3, "cluster": {"num_replicas": 4, "local_policy": "llumlet",
+                                                            "cluster_policy": cluster,
+                                                            "cluster_policy_params": {"num_tiers": 3}},
+                                     "workload": _workload(2 * n, 30.0)}
+        # A small KV: preemptions and live migrations (committed and aborted) happen.
+        out[f"llumlet+{cluster}_small_kv"] = {"seed": 3, "cluster": {
+            "num_replicas": 4, "local_policy": "llumlet", "cluster_policy": cluster,
+            "cluster_policy_params": {"num_tiers": 3}, "replica": {"num_blocks": 900}},
+            "workload": _workload(2 * n, 30.0)}
+    for cluster in ("jsq", "infaas", "random"):
+        out[f"sarathi+{cluster}"] = {"seed": 5, "cluster": {"num_replicas": 4, "local_policy": "sarathi",
+                                                            "cluster_policy": cluster},
+                                     "workload": _workload(2 * n, 22.0)}
+    out["vllm_swap_small_kv"] = {"seed": 11, "cluster": {
+        "num_replicas": 2, "local_policy": "vllm", "local_policy_params": {"preempt_mode": "swap"},
+        "replica": {"num_blocks": 900, "swap_space_gib": 0.05}}, "workload": _workload(n, 12.0)}
+    out["vllm_recompute_small_kv"] = {"seed": 12, "cluster": {
+        "num_replicas": 2, "local_policy": "vllm", "replica": {"num_blocks": 700}}, "workload": _workload(n, 12.0)}
+    out["vllm_v0_vidur_parity"] = {"seed": 13, "cluster": {
+        "num_replicas": 1, "local_policy": "vllm_v0", "replica": {"exec_mode": "vidur_parity", "token_budget": 4096,
+                                                                 "max_num_seqs": 128}},
+        "workload": _workload(n, 5.0)}
+    out["sarathi_no_skip"] = {"seed": 14, "cluster": {"num_replicas": 2, "local_policy": "sarathi",
+                                                      "skip_ahead": False}, "workload": _workload(n // 2, 14.0)}
+    out["vllm_time_limit"] = {"seed": 15, "cluster": {"num_replicas": 2, "local_policy": "vllm",
+                                                      "time_limit_s": 60.0}, "workload": _workload(n, 14.0)}
+    out["vllm_streamed"] = {"seed": 16, "cluster": {"num_replicas": 3, "local_policy": "vllm"},
+                            "workload": _workload(n, 18.0), "_stream": True}
+    return out
+
+
+def child(outroot: str, quick: bool, only: list[str] | None) -> None:
+    """Run every stack in this interpreter (the tree under test is first on sys.path)."""
+    from tierserve.experiments.scenario import ScenarioConfig, run_scenario, write_result
+    for name, spec in stacks(quick).items():
+        if only and name not in only:
+            continue
+        spec = dict(spec)
+        stream = spec.pop("_stream", False)
+        cfg = ScenarioConfig.from_dict({"name": name, **spec})
+        outdir = Path(outroot) / name
+        outdir.mkdir(parents=True)
+        res = run_scenario(cfg, stream=stream, outdir=outdir if stream else None, records="csv")
+        write_result(res, outdir)
+        hists = [{"counts": sorted(h.counts.items()), "total": h.total, "sum": repr(h.sum)}
+                 for h in res.sim.tbt_by_tier]
+        stats = {k: repr(v) for k, v in sorted(res.sim.stats.items()) if k != "wall_s"}
+        (outdir / "extra.json").write_text(json.dumps({"stats": stats, "tbt": hists,
+                                                       "duration_s": repr(res.sim.duration_s)}, indent=0))
+        print(name, flush=True)
+
+
+def run_tree(tree: Path, outroot: Path, quick: bool, only: list[str] | None) -> None:
+    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONHASHSEED="0")
+    cmd = [sys.executable, str(HERE), "--child", str(outroot), "--tree", str(tree)] + (["--quick"] if quick else []) \
+        + (["--only", ",".join(only)] if only else [])
+    proc = subprocess.run(cmd, cwd=str(tree), env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"tree {tree} failed:\n{proc.stderr[-3000:]}")
+
+
+def compare(a: Path, b: Path) -> list[str]:
+    diffs = []
+    names = sorted({p.name for p in a.iterdir()} | {p.name for p in b.iterdir()})
+    for name in names:
+        fa, fb = a / name, b / name
+        if not fa.is_dir() or not fb.is_dir():
+            diffs.append(f"{name}: only in {'base' if fa.is_dir() else 'work'}")
+            continue
+        files = sorted({p.name for p in fa.iterdir()} | {p.name for p in fb.iterdir()})
+        for f in files:
+            if not (fa / f).exists() or not (fb / f).exists() or not filecmp.cmp(fa / f, fb / f, shallow=False):
+                diffs.append(f"{name}/{f} differs")
+    return diffs
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base", help="the frozen tree (e.g. a `git worktree` of the commit before the change)")
+    ap.add_argument("--work", default=str(HERE.parent.parent), help="the tree under test (default: this one)")
+    ap.add_argument("--quick", action="store_true", help="300 requests per stack instead of 1,500")
+    ap.add_argument("--only", default=None, help="comma-separated stack names")
+    ap.add_argument("--keep", default=None, help="write the outputs here instead of a temporary folder; "
+                    "the base tree's outputs found there are reused (same --quick/--only only)")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--tree", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    only = args.only.split(",") if args.only else None
+    if args.child:
+        import tierserve
+        imported = Path(tierserve.__file__).resolve().parent.parent
+        if imported != Path(args.tree).resolve():       # an editable install must not shadow the tree under test
+            raise SystemExit(f"imported tierserve from {imported}, not {args.tree}")
+        child(args.child, args.quick, only)
+        return 0
+    if not args.base:
+        ap.error("--base is required (a frozen copy of the tree before the change)")
+    base, work = Path(args.base).resolve(), Path(args.work).resolve()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(args.keep) if args.keep else Path(tmp)
+        for label, tree in (("base", base), ("work", work)):
+            if label == "base" and args.keep and (root / label).is_dir():
+                continue                   # the frozen tree's outputs from an earlier call (--keep)
+            if (root / label).exists():
+                import shutil
+                shutil.rmtree(root / label)
+            run_tree(tree, root / label, args.quick, only)
+        diffs = compare(root / "base", root / "work")
+        n = len(list((root / "base").iterdir()))
+    if diffs:
+        print(f"DIFFERENT ({len(diffs)} of {n} stacks' files):")
+        for d in diffs:
+            print("  " + d)
+        return 1
+    print(f"IDENTICAL: {n} stacks, every output file byte for byte ({base} vs {work})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
