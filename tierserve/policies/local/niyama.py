@@ -186,8 +186,9 @@ class NiyamaPolicy(LocalPolicy):
         plan = BatchPlan()
         scheduled = plan.scheduled
         running = sorted(view.running, key=arrival_key)
-        decodes = [r for r in running if not (r.num_tokens - r.num_computed_tokens > 1 or r.num_generated == 0)]
-        partial = [r for r in running if r.num_tokens - r.num_computed_tokens > 1 or r.num_generated == 0]
+        decodes, partial = [], []
+        for r in running:
+            (partial if r.num_tokens - r.num_computed_tokens > 1 or r.num_generated == 0 else decodes).append(r)
         decodes = decodes[:cap]
         need = 0
         for r in decodes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tierserve.core import AllocationRule, BatchPlan, RequestState
 from tierserve.policies.local.base import LocalPolicy, ReplicaView
-from tierserve.policies.local.vllm_v0 import arrival_key_fast
+from tierserve.policies.local.vllm_v0 import arrival_key
 
 
 class OrcaPolicy(LocalPolicy):
@@ -25,7 +25,7 @@ class OrcaPolicy(LocalPolicy):
         plan = BatchPlan()
         scheduled = plan.scheduled
         decode_only = True
-        for r in sorted(view.running, key=arrival_key_fast):
+        for r in sorted(view.running, key=arrival_key):
             if len(scheduled) >= view.max_num_seqs:
                 break
             n = r.num_tokens - r.num_computed_tokens

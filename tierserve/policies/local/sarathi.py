@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tierserve.core import AllocationRule, BatchPlan, PreemptMode, RequestState
 from tierserve.policies.local.base import LocalPolicy, ReplicaView, evict_from_tail, holds_computed_plus_next
-from tierserve.policies.local.vllm_v0 import arrival_key_fast
+from tierserve.policies.local.vllm_v0 import arrival_key
 
 
 class SarathiPolicy(LocalPolicy):
@@ -26,7 +26,7 @@ class SarathiPolicy(LocalPolicy):
         cap = view.max_num_seqs
         plan = BatchPlan()
         scheduled = plan.scheduled
-        running = sorted(view.running, key=arrival_key_fast)
+        running = sorted(view.running, key=arrival_key)
         inline_hold = holds_computed_plus_next(self)      # a decode's blocks computed inline (hot loop)
         hold = self.blocks_to_hold
         partial: list[RequestState] = []

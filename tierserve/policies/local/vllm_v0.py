@@ -11,12 +11,8 @@ from tierserve.core import AllocationRule, BatchPlan, PreemptMode, RequestState
 from tierserve.policies.local.base import LocalPolicy, ReplicaView, _hold_whole_prompt, evict_from_tail
 
 
-def arrival_key(state: RequestState) -> tuple[float, int]:
-    return (state.arrival_s, state.id)
-
-
-# The same key as `arrival_key`, built in C (running queues are sorted at every plan).
-arrival_key_fast = attrgetter("arrival_s", "id")
+# (arrival_s, id) of a RequestState, built in C: running queues are sorted at every plan.
+arrival_key = attrgetter("arrival_s", "id")
 
 
 class VLLMv0Policy(LocalPolicy):
@@ -50,7 +46,7 @@ class VLLMv0Policy(LocalPolicy):
         if scheduled:
             return plan
         # Decode every running request, oldest first; on a block shortage restart the youngest.
-        running = sorted(view.running, key=arrival_key_fast)
+        running = sorted(view.running, key=arrival_key)
         end = len(running)
         whole_prompt = type(self).blocks_to_hold is _hold_whole_prompt     # then computed inline (hot loop)
         hold = self.blocks_to_hold
