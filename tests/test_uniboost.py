@@ -169,6 +169,23 @@ def test_gamma_ada_moves_gamma_with_load():
     assert 0 < policy.gamma < 1 / sizes.mean()
 
 
+def test_gamma_ada_sizes_are_gpu_time_shares_that_add_up_to_the_busy_time():
+    """γ-Ada's S is each request's share of its iterations' GPU time: the shares add up to the replica's busy
+    time, so λE[S] is the busy fraction (ALGORITHMS.md §3), not τ·tokens at a full batch."""
+    reqs = make_requests(300, rate=1.0)       # busy ≈ 0.58 here
+    res = simulate(ClusterConfig(num_replicas=1, local_policy="uniboost",
+                                 local_policy_params={"ada_min_samples": 50, "ada_every": 50, "ada_period_s": 1.0}),
+                   reqs, predictor=LinearPredictor())
+    assert all(s.status == Status.FINISHED for s in res.states) and res.stats["preemptions"] == 0
+    shares = [s.policy_data["gpu_share_s"] for s in res.states]
+    assert min(shares) > 0
+    busy_s = res.stats["busy_fraction"] * res.duration_s
+    assert sum(shares) == pytest.approx(busy_s, rel=1e-6, abs=len(shares) * 1e-7)
+    loads = [s.policy_data["gamma_load"] for s in res.states if not math.isnan(s.policy_data["gamma_load"])]
+    assert 0.3 < res.stats["busy_fraction"] < 0.9
+    assert loads and loads[-1] == pytest.approx(res.stats["busy_fraction"], rel=0.1)   # λE[S] over the last window
+
+
 def test_strict_tier_priority_serves_tier0_first_under_overload():
     reqs = make_requests(400, rate=80.0, num_tiers=3)
     res = simulate(ClusterConfig(num_replicas=1, local_policy="uniboost",

@@ -17,7 +17,9 @@ Phases (`phases`, any subset of PHASES; the registry names fix the ablation's se
     dispatch or resume it cannot be evicted for priority until it crosses its next threshold and has run δ
     tokens; victims are evicted worst key first, each by the cheaper of swap (out + in) and recompute.
   * "gamma_ada" — γ-Ada (phase 4): γ tracks load as the decay rate of the FCFS waiting-time tail, the root of
-    λ(E[e^{γS}] − 1) = γ over a window of arrivals and finished sizes (S = τ·tokens), recomputed at a
+    λ(E[e^{γS}] − 1) = γ over a window of arrivals and finished sizes (S = the request's share of the GPU
+    time of every iteration it ran in, split by the tokens each request ran; λE[S] is then the replica's
+    busy fraction), recomputed at a
     completion once `ada_every` completions and `ada_period_s` seconds have passed, smoothed in log domain
     (β), clipped to [gamma_min, gamma_max], gamma_min when λE[S] ≥ 0.98. `gamma_rule="nudge"` is the seed
     code's alternative: move γ toward gamma_max/(1 + 4·max(p99/p95 − 1, 0)) of the window's TTLTs.
@@ -122,7 +124,11 @@ class UniBoostPolicy(PriorityLoopPolicy):
         self.ada_min_samples, self.ada_every, self.ada_period_s, self.ada_beta = (
             ada_min_samples, ada_every, float(ada_period_s), float(ada_beta))
         self._arrivals: deque[float] = deque(maxlen=ada_window)
-        self._sizes: deque[float] = deque(maxlen=ada_window)       # finished requests' work, seconds
+        # finished requests' sizes S for γ-Ada: GPU-time share in seconds (ALGORITHMS.md §3), summed from
+        # every iteration a request took part in, split by the tokens each request ran in it
+        self._sizes: deque[float] = deque(maxlen=ada_window)
+        self._work_s: deque[float] = deque(maxlen=ada_window)      # τ·attained tokens, for the attained boost
+        self._track_share = self.gamma_ada and gamma_rule == "fcfs_tail"
         self._ttlt: deque[float] = deque(maxlen=ada_window)
         self._since_update = 0
         self._last_update_s = -math.inf
@@ -222,14 +228,44 @@ class UniBoostPolicy(PriorityLoopPolicy):
         self._bind(view)
         self._arrivals.append(view.now)
 
+    def on_iteration_end(self, batch: Sequence[RequestState], num_iterations: int, elapsed_s: float,
+                         view: ReplicaView) -> None:
+        if not self._track_share:
+            return
+        # service_tokens only grows, so its change since the last iteration seen is what each ran in this one
+        ran = [s.service_tokens - s.policy_data.get("ub_service_tokens", 0) for s in batch]
+        total = sum(ran)
+        if total <= 0:
+            return
+        per_token_s = elapsed_s / total
+        for s, n in zip(batch, ran):
+            d = s.policy_data
+            d["ub_gpu_share_s"] = d.get("ub_gpu_share_s", 0.0) + n * per_token_s
+            d["ub_service_tokens"] = s.service_tokens
+
+    @staticmethod
+    def finished_gpu_share_s(state: RequestState) -> float:
+        """γ-Ada's S for a finished request: its share of the GPU time of the iterations it ran in.
+
+        Rounded to 0.1 µs: a decode run sums its iterations' times before splitting them, stepping splits each,
+        and the two differ in the last bits; rounding makes γ the same either way (skip-ahead stays exact
+        unless a sum falls within a few ulps of a rounding edge, ~1e-10 per request).
+        """
+        d = state.policy_data
+        d.pop("ub_service_tokens", None)
+        share = d["gpu_share_s"] = round(d.pop("ub_gpu_share_s", 0.0), 7)
+        return share
+
     def on_finish(self, state: RequestState, view: ReplicaView) -> None:
         now = view.now
-        self._sizes.append(self.tau * state.attained_tokens)
+        self._sizes.append(self.finished_gpu_share_s(state) if self._track_share
+                           else self.tau * state.attained_tokens)
+        self._work_s.append(self.tau * state.attained_tokens)
         self._ttlt.append(now - state.arrival_s)
         self._since_update += 1
         self._since_table += 1
-        if self.boost == "attained" and self._since_table >= self.ada_every and len(self._sizes) >= 50:
-            self._table = np.sort(np.fromiter(self._sizes, float))
+        if self.boost == "attained" and self._since_table >= self.ada_every and len(self._work_s) >= 50:
+            self._table = np.sort(np.fromiter(self._work_s, float))
             self._table_memo.clear()
             self._since_table = 0
         if (self.gamma_ada and self._since_update >= self.ada_every and now - self._last_update_s >= self.ada_period_s
