@@ -1018,7 +1018,8 @@ def report(study: Study, rows, caps, derived=None, saturation=None) -> str:
         lines += [f"## γ-Ada over time — {su.model}, Table 2's mix, {su.num_requests} requests, load stepping "
                   + " → ".join(f"{m:g}" for m in prof) + f" × fcfs's capacity ({cap:.4g} req/s)", "",
                   "Per load segment (by completion time): median γ at completion (1/s) and γ-Ada's load estimate "
-                  "λ·E[S] (S = a finished request's work in seconds at the replica's per-token time), mean ± 95% "
+                  "λ·E[S] (S = a finished request's share of the GPU time of the iterations it ran in, so λ·E[S] is the "
+                  "replica's busy fraction), mean ± 95% "
                   "over seeds; then the tails of the requests arriving in each segment. `uniboost_memguard` keeps "
                   "γ fixed at its start value; `uniboost[gamma_rule=nudge]` is the seed code's p99/p95 nudge. "
                   "Plot: uniboost_gamma.png.", "",
