@@ -17,6 +17,7 @@ from tierserve.policies.local.deadlines import (
     token_deadline,
 )
 from tierserve.sim import ClusterConfig, simulate
+from test_deadline_slack_load import reference_deadline_load
 from test_sim_executor import per_request
 
 Q1, Q2, Q3 = SLO(ttft_s=6.0, tbt_s=0.05), SLO(ttlt_s=600.0), SLO(ttlt_s=1800.0)
@@ -450,7 +451,8 @@ def test_bad_silo_parameters_name_the_parameter_and_value():
 
 # ------------------------------------------------------------------------- deadline-aware dispatch (item 6)
 class Instance:
-    """A replica as a cluster policy sees it (the fields `deadline_slack` reads)."""
+    """A replica as a cluster policy sees it (the fields `deadline_slack` reads; its deadline load by the
+    O(queue) walk of the definition, which the simulator's kept load is checked against)."""
 
     def __init__(self, running=(), waiting=()):
         self.running, self.waiting, self.swapped = list(running), list(waiting), []
@@ -458,6 +460,9 @@ class Instance:
     @property
     def num_outstanding(self):
         return len(self.running) + len(self.waiting) + len(self.swapped)
+
+    def deadline_load(self, deadline):
+        return reference_deadline_load(self, deadline)
 
 
 def slack_dispatch(**params):
@@ -506,7 +511,7 @@ def test_deadline_slack_runs_in_the_simulator_and_rejects_bad_parameters():
     with pytest.raises(ConfigError, match="chunk_tokens: got 0"):
         CLUSTER_POLICIES.create("deadline_slack", chunk_tokens=0, predictor=LinearPredictor())
     with pytest.raises(ConfigError, match="model"):
-        CLUSTER_POLICIES.create("deadline_slack", model="GPT-9")
+        CLUSTER_POLICIES.create("deadline_slack", model="GPT-9")     # the replicas' model is used: no such field
 
 
 def test_conftest_predictor_bisects_to_the_largest_chunk_that_fits_like_a_linear_scan():

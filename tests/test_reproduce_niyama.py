@@ -44,7 +44,7 @@ def test_reproduce_niyama_micro_study(tmp_path):
     except Exception as e:                                  # shared data absent
         pytest.skip(f"shared traces not available: {e}")
     study = Study(datasets=("azure_code",), num_requests=200, cluster_requests=300, cluster_replicas=2,
-                  rel_tol=0.5, lo=1.0, hi=16.0, alphas=(0.008,), segment_s=5.0, overload_duration_s=30.0,
+                  dispatch_replicas=3, dispatch_requests_per_replica=100, rel_tol=0.5, lo=1.0, hi=16.0, alphas=(0.008,), segment_s=5.0, overload_duration_s=30.0,
                   ablation_goodput=False)
     res = run_study(study, tmp_path, executor="serial", log=lambda m: None)
     assert res["study"]["workers"] == 2
@@ -61,7 +61,8 @@ def test_reproduce_niyama_micro_study(tmp_path):
     assert set(res["second_model"]["azure_code"]) == {"Sarathi-FCFS", "Sarathi-EDF", "Sarathi-SRPF", "Niyama"}
     assert set(res["dispatch"]) == {"round_robin", "jsq", "deadline_slack"}
     for row in res["dispatch"].values():
-        assert row["per_replica"] == row["capacity"] / 2 and set(row["points"]) == set(study.dispatch_rhos)
+        assert row["replicas"] == 3 and row["per_replica"] == row["capacity"] / 3
+        assert set(row["points"]) == set(study.dispatch_rhos)
     for rho, row in res["lengths"].items():
         for v in row.values():                  # every steady-state request lands in exactly one bin per length
             n = [sum(b["requests"] for b in v["bins"][col]) for col in ("prompt_tokens", "output_tokens")]
@@ -72,5 +73,14 @@ def test_reproduce_niyama_micro_study(tmp_path):
     for heading in ("Goodput per replica", "Qwen-7B on 2× A100-80GB", "GPUs for 50 QPS", "Ablation", "α sensitivity",
                     "cluster dispatchers", "Violations by prompt length", "Violations by decode length", "Diurnal"):
         assert heading in text
+    assert "cluster dispatchers (azure_code, 3 replicas)" in text
     assert (tmp_path / "niyama_diurnal_p99.png").stat().st_size > 0
     assert np.isfinite(res["ablation_overload_rate"])
+
+
+def test_study_rejects_a_dispatch_cluster_smaller_than_two_naming_the_field():
+    from tierserve.core import ConfigError
+    from tierserve.experiments.niyama import Study
+    for field, value in (("dispatch_replicas", 1), ("dispatch_replicas", 2.5), ("dispatch_requests_per_replica", 0)):
+        with pytest.raises(ConfigError, match=f"{field}: got {value}"):
+            Study(**{field: value})

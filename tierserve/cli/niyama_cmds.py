@@ -10,7 +10,8 @@ import typer
 def register(reproduce_app: typer.Typer) -> None:
     @reproduce_app.command("niyama")
     def niyama(quick: bool = typer.Option(False, "--quick", help="Azure-Code only, 300 requests per one-replica "
-                                                                 "run (400 per 2-replica run), ±30% searches, 10 s "
+                                                                 "run (400 per 2-replica run, 200 per replica on the "
+                                                                 "4-replica dispatch runs), ±30% searches, 10 s "
                                                                  "diurnal segments (about a minute)."),
                out: Path = typer.Option(Path("results/niyama"), "--out", help="Folder for the report, JSON and plot."),
                executor: str = typer.Option(None, "--executor", help="process | serial | ray (default: serial "

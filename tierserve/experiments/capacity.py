@@ -39,7 +39,8 @@ from typing import Any
 from tierserve.core import ConfigError
 from tierserve.metrics import ALL, CapacityResult, Probe, bisect_rate
 from tierserve.metrics.stability import (
-    DEFAULT_DROP_FRACTION, SeedsResult, SteadyRun, aggregate, majority, run_stability, steady_run,
+    BACKLOG, DEFAULT_DROP_FRACTION, SeedsResult, SteadyRun, aggregate, backlog_verdict, majority, run_stability,
+    steady_run,
 )
 
 from tierserve.experiments.scenario import ScenarioConfig, ScenarioResult, run_scenario, write_result
@@ -96,16 +97,18 @@ def judge(result: ScenarioResult, rate: float = math.nan, drop_fraction: float =
           **rule: Any) -> SteadyRun:
     """Steady-state summary and verdicts of a finished scenario run.
 
-    drop_fraction 0 keeps the whole-run summary (token-level TBT included); the verdict always reads the
-    queue over its own window (the rule's drop fraction, 0.1 by default).
+    drop_fraction 0 keeps the whole-run summary (token-level TBT included); the verdicts (queue trend per
+    tier and overall, and the backlog under "backlog", as `steady_run` gives) always read the queue over their
+    own window (the rule's drop fraction, 0.1 by default).
     """
     tiers = result.workload.tier_set
     end_s = result.sim.duration_s
     if drop_fraction > 0:
         return steady_run(result.table, end_s, tiers, result.config.seed, rate, drop_fraction,
                           result.summary.extras, **rule)
-    return SteadyRun(result.summary, run_stability(result.table, end_s, tiers, **rule), result.config.seed,
-                     rate, 0.0)
+    verdicts = run_stability(result.table, end_s, tiers, **rule)
+    verdicts[BACKLOG] = backlog_verdict(result.table, rule.get("drop_fraction", DEFAULT_DROP_FRACTION))
+    return SteadyRun(result.summary, verdicts, result.config.seed, rate, 0.0)
 
 
 @dataclass(frozen=True)

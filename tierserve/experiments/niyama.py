@@ -95,6 +95,8 @@ class Study:
     second_tp: int = 2
     second_datasets: tuple[str, ...] = ("azure_code",)
     dispatchers: tuple[str, ...] = ("round_robin", "jsq", "deadline_slack")
+    dispatch_replicas: int = 8           # cluster size of the dispatch comparison (2 leaves a request two choices)
+    dispatch_requests_per_replica: int = 1000    # per run of its capacity searches (2,000 at 2 replicas, as M's)
     # Violation points in units of Niyama-behind-JSQ's capacity: at it, 20% over, and the seed's overload in
     # units of its own Niyama goodput (6 QPS / 3.65 QPS).
     dispatch_rhos: tuple[float, ...] = (1.0, 1.2, 6.0 / 3.65)
@@ -108,6 +110,11 @@ class Study:
             raise ConfigError("seeds", list(self.seeds), "at least 3 seeds (95% intervals need them)")
         if not (isinstance(self.workers, int) and self.workers >= 1):
             raise ConfigError("workers", self.workers, "an integer >= 1")
+        for name in ("dispatch_replicas", "dispatch_requests_per_replica"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and not isinstance(v, bool) and v >= (2 if name == "dispatch_replicas" else 1)):
+                raise ConfigError(name, v, "an integer >= 2 (replicas behind the dispatcher)"
+                                  if name == "dispatch_replicas" else "an integer >= 1 (requests per replica)")
         from tierserve.policies.cluster import CLUSTER_POLICIES
         for name in self.dispatchers:
             if name not in CLUSTER_POLICIES.table:
@@ -116,8 +123,8 @@ class Study:
     @classmethod
     def quick(cls) -> Study:
         return cls(datasets=("azure_code",), num_requests=300, cluster_requests=400, cluster_replicas=2,
-                   rel_tol=0.3, lo=1.0, hi=16.0, alphas=(0.0, 0.008), segment_s=10.0, overload_duration_s=40.0,
-                   ablation_goodput=False)
+                   dispatch_replicas=4, dispatch_requests_per_replica=200, rel_tol=0.3, lo=1.0, hi=16.0,
+                   alphas=(0.0, 0.008), segment_s=10.0, overload_duration_s=40.0, ablation_goodput=False)
 
 
 # Length bins (tokens, upper edges inclusive) for violations by request length: the seed reports violations per
@@ -191,9 +198,10 @@ def scenario(study: Study, dataset: str, policy: str, params: dict[str, Any], *,
                      "tiers": tiers or {"num_tiers": 3, "preset": "niyama"}}})
 
 
-def dispatch_params(study: Study, name: str, model: str | None = None, tp: int = 1) -> dict[str, Any]:
-    """Cluster-policy parameters: `deadline_slack` predicts with the replicas' own execution-time model."""
-    return {"model": model or study.model, "gpu": study.gpu, "tp": tp} if name == "deadline_slack" else {}
+def dispatch_params(study: Study, name: str) -> dict[str, Any]:
+    """Cluster-policy parameters: none (`deadline_slack` predicts with the replicas' own execution-time model,
+    which the simulator's replica view carries)."""
+    return {}
 
 
 def search_job(key: tuple, study: Study, cfg: ScenarioConfig, goals: dict | None, hi: float) -> dict[str, Any]:
@@ -338,10 +346,12 @@ def run_study(study: Study, out: str | Path, executor: str = "process", log=prin
         for label, (pol, params) in STACKS.items():
             search(("second", d, label), scenario(study, d, pol, params, model=study.second_model,
                                                    tp=study.second_tp))
+    k = study.dispatch_replicas
     for name in study.dispatchers:
-        search(("dispatch", d0, name), scenario(study, d0, "niyama", {}, replicas=m, cluster_policy=name,
+        search(("dispatch", d0, name), scenario(study, d0, "niyama", {}, replicas=k, cluster_policy=name,
                                                  cluster_params=dispatch_params(study, name),
-                                                 num_requests=study.cluster_requests), hi=study.hi * m)
+                                                 num_requests=study.dispatch_requests_per_replica * k),
+               hi=study.hi * k)
     found = run_searches(study, jobs, executor, log)
 
     for (kind, *rest), r in found.items():
@@ -350,7 +360,8 @@ def run_study(study: Study, out: str | Path, executor: str = "process", log=prin
         elif kind == "second":
             res["second_model"].setdefault(rest[0], {})[rest[1]] = _cap_row(r)
         elif kind == "dispatch":
-            res["dispatch"][rest[1]] = {"capacity": r["rate"], "per_replica": r["rate"] / m, **_cap_row(r)}
+            res["dispatch"][rest[1]] = {"capacity": r["rate"], "per_replica": r["rate"] / k, "replicas": k,
+                                        **_cap_row(r)}
     for d in (study.datasets if reuse is None else ()):
         shared = found[("shared", d)]["rate"]
         pools = [found[("silo", d, c)]["rate"] for c in range(len(SILO_CHUNKS))]
@@ -387,7 +398,7 @@ def run_study(study: Study, out: str | Path, executor: str = "process", log=prin
     dispatch_pts = {}
     if math.isfinite(jsq_cap) and jsq_cap > 0:
         for name in study.dispatchers:
-            cfg = scenario(study, d0, "niyama", {}, replicas=m, cluster_policy=name,
+            cfg = scenario(study, d0, "niyama", {}, replicas=k, cluster_policy=name,
                            cluster_params=dispatch_params(study, name))
             dispatch_pts[name] = {rho: points.add(cfg, rho * jsq_cap) for rho in study.dispatch_rhos}
     diurnal_jobs = diurnal_jobs_of(study, res["goodput"][study.diurnal_dataset]["Sarathi-EDF"]["rate"]) \
@@ -424,7 +435,7 @@ def run_study(study: Study, out: str | Path, executor: str = "process", log=prin
                 f"{b['violations_pct'][0]:.1f}" for b in v["bins"]["output_tokens"]))
     for name, row in dispatch_pts.items():
         res["dispatch"][name]["points"] = {rho: pts[pid] for rho, pid in row.items()}
-        log(f"dispatch {name:<15} capacity {res['dispatch'][name]['capacity']:.3g} QPS ("
+        log(f"dispatch {name:<15} {k} replicas: capacity {res['dispatch'][name]['capacity']:.3g} QPS ("
             f"{res['dispatch'][name]['per_replica']:.3g}/replica); " + ", ".join(
                 f"ρ={rho:g}: {v['all'][0]:.1f}% (Q1 {v['Q1'][0]:.1f}, Q2 {v['Q2'][0]:.1f}, Q3 {v['Q3'][0]:.1f})"
                 for rho, v in res["dispatch"][name]["points"].items()))
@@ -580,11 +591,12 @@ def report(study: Study, res: dict[str, Any]) -> str:
         L.append(f"| {label} | {_f(a['goodput'])} | {_f(v['all'][0], 1)} ± {_f(v['all'][1], 1)} | {v['relegated']:.0f} | "
                  + (f"{seed[0]:g} | {seed[1]:g}" if seed else "— | —") + " |")
     if res.get("dispatch"):
-        m = study.cluster_replicas
+        m = study.dispatch_replicas
         rhos = list(study.dispatch_rhos)
         jsq = res["dispatch"].get("jsq", {}).get("capacity", math.nan)
         L += ["", f"## Niyama behind cluster dispatchers ({study.datasets[0]}, {m} replicas)", "",
-              f"Capacity of the {m}-replica cluster (every class ≥ 99% and stable) and per replica; violations "
+              f"Capacity of the {m}-replica cluster (every class ≥ 99% and stable; "
+              f"{study.dispatch_requests_per_replica * m} requests per probe) and per replica; violations "
               f"(%, mean ± 95% over seeds) per class at ρ = {', '.join(f'{r:g}' for r in rhos)} of "
               f"Niyama-behind-JSQ's capacity ({_f(jsq)} QPS), {study.overload_duration_s:g} s of arrivals.", "",
               "| dispatcher | capacity (QPS) | per replica | " + " | ".join(

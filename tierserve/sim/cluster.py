@@ -16,7 +16,8 @@ RANK_TICK = 2
 class InstanceHandle:
     """A replica as a cluster policy sees it; every read brings the replica's state up to now."""
 
-    __slots__ = ("_replica", "index", "total_blocks", "block_size", "max_num_seqs", "migrating_count")
+    __slots__ = ("_replica", "index", "total_blocks", "block_size", "max_num_seqs", "migrating_count",
+                 "_deadline_load")
 
     def __init__(self, replica: Replica) -> None:
         self._replica = replica
@@ -25,6 +26,25 @@ class InstanceHandle:
         self.block_size = replica.block_size
         self.max_num_seqs = replica.max_num_seqs
         self.migrating_count = 0
+        self._deadline_load = None
+
+    @property
+    def predictor(self):
+        """The replica's own execution-time model (the one its iterations are timed with)."""
+        return self._replica.predictor
+
+    def track_deadline_load(self) -> None:
+        """Keep the replica's deadline load from now on (`DeadlineLoad`; for policies that read it)."""
+        from tierserve.sim.deadline_load import DeadlineLoad
+        self._deadline_load = DeadlineLoad(self._replica)
+        self._deadline_load.observe(self._replica.policy)
+
+    def deadline_load(self, deadline: float) -> tuple[int, int, int]:
+        """(prefill tokens ahead of `deadline`, running decodes, their context tokens): `DeadlineLoad.load`."""
+        if self._deadline_load is None:
+            raise RuntimeError("deadline_load: the cluster was not asked to track it (policy.uses_deadline_load)")
+        self._replica.sync()
+        return self._deadline_load.load(deadline)
 
     @property
     def used_blocks(self) -> int:
@@ -119,6 +139,10 @@ class Cluster:
         self.on_end = None
         self.live: dict[int, tuple[int, RequestState]] = {}
         policy.setup(len(replicas), seed)
+        self._tracks_deadline_load = getattr(policy, "uses_deadline_load", False)
+        if self._tracks_deadline_load:
+            for h in self.handles:
+                h.track_deadline_load()
         for r in replicas:
             r.on_finish = self._on_finish
 
@@ -219,6 +243,8 @@ class Cluster:
 
     def _on_finish(self, state: RequestState) -> None:
         self.num_ended += 1
+        if self._tracks_deadline_load:       # it may have run and ended between two reads of the load
+            self.handles[state.replica]._deadline_load.finished(state)
         if self.on_end is not None:
             self.on_end(self.live.pop(id(state))[0], state, None)
         if self.num_held:

@@ -66,6 +66,18 @@ class LoadCounters(Protocol):
     def num_preempted_waiting(self) -> int: ...   # waiting requests preempted at least once
 
 
+class DeadlineLoadView(Protocol):
+    """Optional InstanceView fields for deadline-aware dispatch, kept by the driver when the policy sets
+    `uses_deadline_load` (the simulator's `InstanceHandle`, through `sim.deadline_load`)."""
+
+    @property
+    def predictor(self): ...       # the replica's own execution-time model (`iteration_time(...)`)
+
+    def deadline_load(self, deadline: float) -> tuple[int, int, int]: ...
+    # (Σ prefill tokens left of the non-relegated requests whose prefill deadline is ≤ `deadline` — waiting,
+    #  swapped or mid-prefill —, running decodes, Σ their context tokens): exact at the time of the read
+
+
 @dataclass(frozen=True, slots=True)
 class Move:
     """Migrate `request` from replica `source` to replica `destination`."""
@@ -82,6 +94,7 @@ class ClusterPolicy(ABC):
 
     name: str = "base"
     rebalance_period_s: float | None = None
+    uses_deadline_load: bool = False      # the driver keeps `DeadlineLoadView` on each instance
 
     def setup(self, num_replicas: int, seed: int) -> None:
         """Called once before the run."""

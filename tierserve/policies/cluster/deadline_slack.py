@@ -18,8 +18,13 @@ interactive request ignores the relaxed backlog it will overtake, a relaxed one 
 replica with many running decodes prices each prefill chunk higher. Ordering is by deadline (Niyama's hybrid
 priority with α = 0); relegated requests are left out, since a Niyama replica serves them last.
 
-The predictor is the replicas' execution-time model, built from `model`/`gpu`/`tp` like the simulator's (the
-cluster's replica view does not carry one), or given directly (tests).
+What the view carries (`base.DeadlineLoadView`, kept by the driver because this policy sets
+`uses_deadline_load`): `deadline_load(D_r)` = (ahead_i, B_i, C_i) exactly as defined above, from a structure the
+driver keeps per replica (`sim.deadline_load`: queued requests' prefill tokens in a sorted
+prefix-sum structure keyed by prefill deadline, updated through the replica's hooks; only the running list,
+≤ max_num_seqs, is walked), so a dispatch costs O(R · (log n + running)) instead of a walk over every queued
+request of every replica; and `predictor`, the replica's own execution-time model (the same exec_mode,
+overhead and exec_model_file its iterations are timed with). `predictor=` overrides it (tests).
 """
 from __future__ import annotations
 
@@ -34,36 +39,23 @@ from tierserve.policies.local.deadlines import prefill_deadline
 class DeadlineSlackDispatch(ClusterPolicy):
     name = "deadline_slack"
 
-    def __init__(self, model: str = "Llama-3-8B", gpu: str = "A100-80GB", tp: int = 1, chunk_tokens: int = 512,
-                 exec_mode: str = "physical", predictor=None) -> None:
+    uses_deadline_load = True
+
+    def __init__(self, chunk_tokens: int = 512, predictor=None) -> None:
         if not (isinstance(chunk_tokens, int) and not isinstance(chunk_tokens, bool) and chunk_tokens >= 1):
             raise ConfigError("chunk_tokens", chunk_tokens, "an integer >= 1 (prefill tokens per iteration)")
+        if predictor is not None and not callable(getattr(predictor, "iteration_time", None)):
+            raise ConfigError("predictor", predictor, "an execution-time model with iteration_time(...)")
         self.chunk_tokens = chunk_tokens
-        if predictor is None:
-            from tierserve.hardware.exec_model import make_execution_model
-            predictor = make_execution_model(model, gpu, tp, mode=exec_mode)
         self.predictor = predictor
 
     def predicted_slack_s(self, state: RequestState, inst: InstanceView, now: float) -> float:
         """D_r − predicted first-token time of `state` on `inst` (module docstring)."""
         deadline = prefill_deadline(state)
-        ahead = 0
-        decodes = 0
-        context = 0
-        for q in inst.running:
-            left = q.num_tokens - q.num_computed_tokens
-            if left > 1 or q.num_generated == 0:          # a partial prefill
-                if not q.relegated and prefill_deadline(q) <= deadline:
-                    ahead += left
-            else:
-                decodes += 1
-                context += q.num_computed_tokens + 1
-        for queue in (inst.waiting, inst.swapped):
-            for q in queue:
-                if not q.relegated and prefill_deadline(q) <= deadline:
-                    ahead += q.num_tokens - q.num_computed_tokens
+        ahead, decodes, context = inst.deadline_load(deadline)
+        predictor = self.predictor if self.predictor is not None else inst.predictor
         c = self.chunk_tokens
-        per_iteration_s = self.predictor.iteration_time(c, c * c * 0.5, decodes, context)
+        per_iteration_s = predictor.iteration_time(c, c * c * 0.5, decodes, context)
         return deadline - (now + (ahead + state.num_tokens - state.num_computed_tokens) / c * per_iteration_s)
 
     def dispatch(self, state: RequestState, instances: Sequence[InstanceView], now: float) -> int:
