@@ -548,6 +548,11 @@ def _f(x: float, nd: int = 2) -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
 
 
+def _pct(x: float) -> str:
+    """A violation rate (%): one decimal, or two significant digits below 0.1% so a rare miss does not read 0."""
+    return _f(x, 1) if x is None or not (0 < abs(x) < 0.1) else f"{x:.2g}"
+
+
 def report(study: Study, res: dict[str, Any]) -> str:
     L = ["# Niyama/QoServe (seed 003) — tierserve reproduction", "",
          f"{study.model} / {study.gpu}, physical execution model; seeds {list(study.seeds)}; goodput and capacities by "
@@ -604,7 +609,7 @@ def report(study: Study, res: dict[str, Any]) -> str:
               "|---|---|---|" + "---|" * (4 * len(rhos) + 1)]
         for name, row in res["dispatch"].items():
             pts = row.get("points", {})
-            cells = [f"{_f(pts[r][c][0], 1)} ± {_f(pts[r][c][1], 1)}" if r in pts else "—"
+            cells = [f"{_pct(pts[r][c][0])} ± {_pct(pts[r][c][1])}" if r in pts else "—"
                      for r in rhos for c in ("all", "Q1", "Q2", "Q3")]
             stable = " / ".join(f"{pts[r]['stable_seeds']}" for r in rhos if r in pts)
             L.append(f"| {name} | {_f(row['capacity'])}{'+' if row['saturated'] else ''} | {_f(row['per_replica'])} | "
