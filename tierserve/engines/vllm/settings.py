@@ -13,7 +13,8 @@ from tierserve.core import ConfigError
 ENV = {"policy": "TIERSERVE_POLICY", "policy_params": "TIERSERVE_POLICY_PARAMS",
        "iteration_log": "TIERSERVE_ITERATION_LOG", "decision_log": "TIERSERVE_DECISION_LOG",
        "request_log": "TIERSERVE_REQUEST_LOG", "exec_model_file": "TIERSERVE_EXEC_MODEL_FILE",
-       "watermark_fraction": "TIERSERVE_WATERMARK_FRACTION"}
+       "watermark_fraction": "TIERSERVE_WATERMARK_FRACTION", "incremental_waiting": "TIERSERVE_INCREMENTAL_WAITING"}
+BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,10 @@ class EngineSettings:
     may ask (dynamic chunking). None: a policy that asks is refused at its first question."""
     watermark_fraction: float = 0.01
     """KV blocks kept free on admission, for policies declaring `uses_watermark` (the simulator's default)."""
+    incremental_waiting: bool = True
+    """Keep the waiting queue's policy order between steps where the policy's key allows it (`driver.py`,
+    `fixed_waiting_key`); false: re-read and re-sort the whole waiting queue every step (the reference path,
+    same decisions, O(waiting) per step)."""
 
     @classmethod
     def from_sources(cls, additional_config: Mapping[str, Any] | None = None,
@@ -63,6 +68,8 @@ class EngineSettings:
             raise ConfigError("tierserve.policy_params", self.policy_params, "a mapping of keyword arguments")
         if not (isinstance(self.watermark_fraction, (int, float)) and 0 <= self.watermark_fraction < 1):
             raise ConfigError("tierserve.watermark_fraction", self.watermark_fraction, "a fraction in [0, 1)")
+        if not isinstance(self.incremental_waiting, bool):
+            raise ConfigError("tierserve.incremental_waiting", self.incremental_waiting, "true or false")
 
 
 def _parse_env(key: str, var: str, raw: str) -> Any:
@@ -71,6 +78,10 @@ def _parse_env(key: str, var: str, raw: str) -> Any:
             return json.loads(raw)
         except ValueError:
             raise ConfigError(var, raw, "a JSON object of policy parameters") from None
+    if key == "incremental_waiting":
+        if raw.strip().lower() not in BOOLEANS:
+            raise ConfigError(var, raw, " | ".join(BOOLEANS))
+        return BOOLEANS[raw.strip().lower()]
     if key == "watermark_fraction":
         try:
             return float(raw)
