@@ -45,24 +45,6 @@ COLUMNS: dict[str, type | str] = {
 SLO_EPS_S = 1e-9
 
 
-def _outcome(state: RequestState) -> int:
-    status = state.status
-    if status == Status.FINISHED:
-        return int(Outcome.RELEGATED if state.relegated_s >= 0 else Outcome.FINISHED)
-    if status == Status.REJECTED:
-        return int(Outcome.REJECTED)
-    return int(Outcome.CENSORED)  # still waiting/running/swapped/migrating when the run stopped
-
-
-def _ts(x: float) -> float:
-    """Executor timestamps use -1 for 'never happened'; the table uses NaN."""
-    return x if x >= 0 else math.nan
-
-
-def _target(x: float | None) -> float:
-    return math.nan if x is None else float(x)
-
-
 def _le_or_unset(value: NDArray[np.float64], target: NDArray[np.float64]) -> NDArray[np.bool_]:
     """value <= target where a target is set; True where it is NaN (does not apply)."""
     with np.errstate(invalid="ignore"):
@@ -101,14 +83,19 @@ class RequestTable:
         reasons = reasons or {}
         reqs = [request_of(s) for s in states]
         slos = [r.slo for r in reqs]
+        nan = math.nan
+        # -1 timestamps (never happened) and unset targets become NaN; outcome from status and relegation
+        finished, rejected = Status.FINISHED, Status.REJECTED
+        relegated, done = int(Outcome.RELEGATED), int(Outcome.FINISHED)
+        rejected_code, censored = int(Outcome.REJECTED), int(Outcome.CENSORED)
         cols = {
             "id": [r.id for r in reqs],
             "tier": [r.tier for r in reqs],
             "app": [r.app for r in reqs],
             "arrival_s": [r.arrival_s for r in reqs],
-            "dispatch_s": [_ts(s.dispatch_s) for s in states],
-            "first_token_s": [_ts(s.first_token_s) for s in states],
-            "finish_s": [_ts(s.finish_s) for s in states],
+            "dispatch_s": [x if (x := s.dispatch_s) >= 0 else nan for s in states],
+            "first_token_s": [x if (x := s.first_token_s) >= 0 else nan for s in states],
+            "finish_s": [x if (x := s.finish_s) >= 0 else nan for s in states],
             "prompt_tokens": [r.prompt_tokens for r in reqs],
             "output_tokens": [r.output_tokens for r in reqs],
             "generated_tokens": [s.num_generated for s in states],
@@ -116,13 +103,14 @@ class RequestTable:
             "swaps": [s.num_swaps for s in states],
             "migrations": [s.num_migrations for s in states],
             "replica": [s.replica for s in states],
-            "outcome": [_outcome(s) for s in states],
+            "outcome": [(relegated if s.relegated_s >= 0 else done) if (st := s.status) == finished
+                        else rejected_code if st == rejected else censored for s in states],
             "reason": [reasons.get(s.id) or s.relegation_reason for s in states],
-            "relegated_s": [_ts(s.relegated_s) for s in states],
+            "relegated_s": [x if (x := s.relegated_s) >= 0 else nan for s in states],
             "tbt_max_s": [s.tbt_max_s for s in states],
-            "ttft_slo_s": [_target(o.ttft_s) for o in slos],
-            "tbt_slo_s": [_target(o.tbt_s) for o in slos],
-            "ttlt_slo_s": [_target(o.ttlt_s) for o in slos],
+            "ttft_slo_s": [nan if (x := o.ttft_s) is None else float(x) for o in slos],
+            "tbt_slo_s": [nan if (x := o.tbt_s) is None else float(x) for o in slos],
+            "ttlt_slo_s": [nan if (x := o.ttlt_s) is None else float(x) for o in slos],
         }
         return cls(cols)
 
@@ -253,13 +241,36 @@ class RequestTable:
         path.parent.mkdir(parents=True, exist_ok=True)
         # repr of Python floats/ints is the shortest exact text; tolist() converts numpy scalars in bulk
         text_cols = []
+        plain = True            # every field is a str that csv would write unquoted: rows are joined directly
+        float_texts: dict[bytes, list[str]] = {}     # a float column bit-identical to an earlier one: its text
         for name, dtype in COLUMNS.items():
-            col = self._cols[name].tolist()
-            text_cols.append(list(map(repr, col)) if dtype is np.float64 else col)
+            arr = self._cols[name]
+            if dtype is np.float64:
+                key = arr.tobytes()
+                col = float_texts.get(key)
+                if col is None:
+                    col = float_texts[key] = (["nan"] * arr.size if np.isnan(arr).all()
+                                              else list(map(repr, arr.tolist())))
+                text_cols.append(col)
+                continue
+            col = arr.tolist()
+            if dtype is object:
+                if plain and col:
+                    joined = "\x00".join(col) if set(map(type, col)) == {str} else ","
+                    plain = not any(ch in joined for ch in ',"\r\n')
+            else:
+                col = list(map(str, col))      # ints (and the int8 outcome) as csv writes them
+            text_cols.append(col)
         with path.open("w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f)
-            w.writerow(COLUMNS.keys())
-            w.writerows(zip(*text_cols))
+            if plain:           # csv.writer's output for these rows, byte for byte (QUOTE_MINIMAL, "\r\n")
+                f.write(",".join(COLUMNS.keys()) + "\r\n")
+                if text_cols[0]:
+                    f.write("\r\n".join(map(",".join, zip(*text_cols))))
+                    f.write("\r\n")
+            else:
+                w = csv.writer(f)
+                w.writerow(COLUMNS.keys())
+                w.writerows(zip(*text_cols))
         return path
 
     @classmethod

@@ -22,6 +22,7 @@ from tierserve.sim.events import EventLoop
 
 RANK_ITERATION_END = 0   # an iteration that ends when a request arrives is applied before the arrival
 RANK_PLAN = 5            # an idle replica plans once everything else at this instant has happened
+_MAX_REPEAT, _REVISE_AT_S = BatchPlan().max_repeat, BatchPlan().revise_at_s    # a plan's defaults
 
 
 def prefill_attention_pairs(chunk: int, context_before: int) -> float:
@@ -37,6 +38,16 @@ def _flush_bin(hists: list[LogHistogram], b: int, pend: list[int]) -> None:
             counts[b] = counts.get(b, 0) + n
             hists[t].total += n
             pend[t] = 0
+
+
+def _less(tier_counts: dict[int, int], finished: list[RequestState]) -> dict[int, int]:
+    """Per-tier counts of a batch without its finished requests (tiers in the same order, empty ones gone)."""
+    if not finished:
+        return tier_counts
+    counts = dict(tier_counts)
+    for r in finished:
+        counts[r.tier] -= 1
+    return {t: c for t, c in counts.items() if c}
 
 
 class DecodeRun:
@@ -88,6 +99,20 @@ class Replica:
             policy.bind_oracle(Oracle())
         self._iteration_hook = type(policy).on_iteration_end is not LocalPolicy.on_iteration_end
         self._decode_hold_inline = holds_computed_plus_next(policy)
+        # The policy names its all-decode batch (`decode_batch`): when nothing waits, a decode run starts
+        # from it without a plan, and after a run its sums come from the run's own last pass.
+        self._keeps_batch = (type(policy).decode_batch is not LocalPolicy.decode_batch
+                             and self._decode_hold_inline and not self._iteration_hook)
+        self._carry: tuple | None = None
+        # A run's carry kept over an iteration that only admits new requests (vLLM v0's prefill batches):
+        # (running-set epoch, n, grow, ctx, rem, tier counts); the epoch counts joins and leaves of `running`.
+        self._held_carry: tuple | None = None
+        self._running_epoch = 0
+        self._admitted_all = False                # every request of the batch in flight joined running for it
+        # The policy plans a prefill's next chunk beside the same decodes (`repeats_prefill_chunk`): such an
+        # iteration starts without a plan. `_decodes_then_prefill`: the batch in flight has that shape.
+        self._repeats_chunk = policy.repeats_prefill_chunk() and not self._iteration_hook
+        self._decodes_then_prefill = False
         self._hold_per_chunk = type(policy).blocks_to_hold is _hold_per_chunk
         self._hold_whole_prompt = type(policy).blocks_to_hold is _hold_whole_prompt
         self._plan_pending = False
@@ -108,6 +133,7 @@ class Replica:
         self._waiting_heap: list[tuple] = []      # (tier, arrival_s, id, stamp, state), lazily pruned
         self._waiting_stamp: dict[int, int] = {}  # id -> stamp of its live heap entry
         self._stamps = 0
+        self._head_kept = False                   # the heap is kept from the first `waiting_head` read on
         self._tier_order: list[int] = []
         self._tier_order_version = -1
         self.tbt = [LogHistogram() for _ in range(num_tiers)]
@@ -205,11 +231,13 @@ class Replica:
         self.running.append(state)
         self.tier_running[state.tier] += 1
         self.queues_version += 1
+        self._running_epoch += 1
 
     def _leave_running(self, state: RequestState) -> None:
         self.running.remove(state)
         self.tier_running[state.tier] -= 1
         self.queues_version += 1
+        self._running_epoch += 1
 
     def _join_waiting(self, state: RequestState, front: bool) -> None:
         if front:
@@ -222,9 +250,10 @@ class Replica:
             self.num_preempted_waiting += 1
         if state.status == Status.SWAPPED:
             self._swapped_in_waiting += 1
-        self._stamps += 1
-        self._waiting_stamp[state.id] = self._stamps
-        heapq.heappush(self._waiting_heap, (state.tier, state.arrival_s, state.id, self._stamps, state))
+        if self._head_kept:
+            self._stamps += 1
+            self._waiting_stamp[state.id] = self._stamps
+            heapq.heappush(self._waiting_heap, (state.tier, state.arrival_s, state.id, self._stamps, state))
         self.queues_version += 1
 
     def _leave_waiting(self, state: RequestState) -> None:
@@ -235,9 +264,10 @@ class Replica:
             self.num_preempted_waiting -= 1
         if state.status == Status.SWAPPED:
             self._swapped_in_waiting -= 1
-        del self._waiting_stamp[state.id]
-        if not self.waiting:
-            self._waiting_heap.clear()
+        if self._head_kept:
+            del self._waiting_stamp[state.id]
+            if not self.waiting:
+                self._waiting_heap.clear()
         self.queues_version += 1
 
     def _join_swapped(self, state: RequestState) -> None:
@@ -255,6 +285,13 @@ class Replica:
     @property
     def waiting_head(self) -> RequestState | None:
         """The waiting request first in (tier, arrival, id) order: the head of a llumlet queue."""
+        if not self._head_kept:         # first read: the heap of the requests waiting now, kept from here on
+            self._head_kept = True
+            for state in self.waiting:
+                self._stamps += 1
+                self._waiting_stamp[state.id] = self._stamps
+                self._waiting_heap.append((state.tier, state.arrival_s, state.id, self._stamps, state))
+            heapq.heapify(self._waiting_heap)
         heap = self._waiting_heap
         live = self._waiting_stamp
         while heap:
@@ -385,38 +422,42 @@ class Replica:
         hold = self.policy.blocks_to_hold
         per_chunk = self._hold_per_chunk            # these two rules are computed inline (hot loop)
         whole_prompt = self._hold_whole_prompt
+        decode_inline = self._decode_hold_inline    # a decode then holds ceil((computed + 1) / bs) under both
+        running = Status.RUNNING
         total = 0
         prefill_tokens = 0
         pairs = 0.0
         decodes = 0
         ctx = 0
+        admitted = 0
         for r, n in scheduled:
             computed = r.num_computed_tokens
             to_run = r.num_tokens - computed
             if n < 1 or n > to_run:
                 raise PolicyError(f"{self.policy.name}: request {r.id} scheduled {n} tokens, has {to_run} to run")
             total += n
+            r.last_scheduled_s = now
             if n == 1 and to_run == 1 and r.num_generated > 0:
                 decodes += 1
                 ctx += computed + 1
+                need = (-(-(computed + 1) // bs) if decode_inline else hold(r, 1, bs)) - r.num_blocks
             else:
                 prefill_tokens += n
                 pairs += n * (computed + n * 0.5)      # prefill_attention_pairs, inline (hot loop)
-            r.last_scheduled_s = now
-            if per_chunk:
-                need = -(-(computed + n) // bs) - r.num_blocks
-            elif whole_prompt:
-                tokens = computed + n
-                known = r.num_tokens
-                need = -(-(tokens if tokens > known else known) // bs) - r.num_blocks
-            else:
-                need = hold(r, n, bs) - r.num_blocks
+                if per_chunk:
+                    need = -(-(computed + n) // bs) - r.num_blocks
+                elif whole_prompt:
+                    tokens = computed + n
+                    known = r.num_tokens
+                    need = -(-(tokens if tokens > known else known) // bs) - r.num_blocks
+                else:
+                    need = hold(r, n, bs) - r.num_blocks
             if need > 0:
                 if need > self.free_blocks:
                     raise PolicyError(f"{self.policy.name}: request {r.id} needs {need} KV blocks, {self.free_blocks} free")
                 self.free_blocks -= need
                 r.num_blocks += need
-            if r.status != Status.RUNNING:
+            if r.status != running:
                 if r.replica != self.index:
                     raise PolicyError(f"{self.policy.name}: request {r.id} is not on replica {self.index}")
                 if r.status == Status.SWAPPED:
@@ -426,11 +467,17 @@ class Replica:
                     self._leave_waiting(r)
                 r.status = Status.RUNNING
                 self._join_running(r)
+                admitted += 1
+        self._admitted_all = admitted == len(scheduled)
         if total > self.token_budget:
             raise PolicyError(f"{self.policy.name}: batch of {total} tokens > token budget {self.token_budget}")
         used = self.total_blocks - self.free_blocks
         if used > self.max_used_blocks:
             self.max_used_blocks = used
+        if self._repeats_chunk:
+            r, n = scheduled[-1]
+            self._decodes_then_prefill = decodes == len(scheduled) - 1 and not (
+                n == 1 and r.num_tokens - r.num_computed_tokens == 1 and r.num_generated > 0)
         return prefill_tokens, pairs, decodes, ctx
 
     def _account(self, dt: float) -> None:
@@ -456,6 +503,12 @@ class Replica:
         pend = [0] * len(hists)
         pend_any = False
         sums = [h.sum for h in hists]
+        prefilling = False                      # some request still has prompt (or recompute) to run
+        # Over the requests that emitted a token and go on decoding: what their next decode needs (the
+        # sums `_continue_decodes` and `_continue_chunk` start from): count, blocks, Σ (computed + 1), min rest.
+        bs = self.block_size
+        gather = self._keeps_batch or self._repeats_chunk
+        emitted, grow_next, ctx_next, rem_next = 0, [], 0, 1 << 62
         for r, n in self._batch:
             c = r.num_computed_tokens + n
             r.num_computed_tokens = c
@@ -487,8 +540,19 @@ class Replica:
                     if gap > r.tbt_max_s:
                         r.tbt_max_s = gap
                 r.last_token_s = now
-                if generated >= r._request.output_tokens:     # the executor owns the truth
+                rem = r._request.output_tokens - generated     # the executor owns the truth
+                if rem <= 0:
                     finished.append(r)
+                elif gather:
+                    emitted += 1
+                    ctx_next += c + 1
+                    if rem < rem_next:
+                        rem_next = rem
+                    need = -(-(c + 1) // bs) - r.num_blocks
+                    if need > 0:
+                        grow_next.append((r, need))
+            else:
+                prefilling = True
         if pend_any:
             _flush_bin(hists, last_bin, pend)
         for h, total in zip(hists, sums):
@@ -498,8 +562,75 @@ class Replica:
             self.policy.on_iteration_end([r for r, _ in batch], 1, dt, self.view)
         for r in finished:
             self._finish(r, now)
+        epoch = self._running_epoch
         self._settle_pauses()
+        held, self._held_carry = self._held_carry, None      # good for this iteration's end only
+        # (a request paused here left running after the pass: its sums no longer describe `running`)
+        sums_next = (emitted if self._running_epoch == epoch else -1, grow_next, ctx_next, rem_next)
+        if self._keeps_batch and not prefilling and self._continue_decodes(now, batch, held, sums_next):
+            return
+        if self._repeats_chunk and not finished and self._continue_chunk(batch, now, sums_next):
+            return
         self._start_next()
+
+    def _continue_chunk(self, batch: list[tuple[RequestState, int]], now: float, sums_next: tuple) -> bool:
+        """After an iteration of decodes then one prefill chunk: start the next such iteration as
+        `_start_next` would from the plan a `repeats_prefill_chunk` policy returns — the same decodes, the
+        prefill's next chunk — when nothing waits (or the chunk takes the whole budget), no other request
+        runs and the blocks fit; `sums_next`: the decodes' sums from the iteration's pass. False (nothing
+        changed): plan instead."""
+        if not self._decodes_then_prefill or self.swapped or len(batch) != len(self.running):
+            return False
+        p, _ = batch[-1]
+        pc = p.num_computed_tokens
+        left = p.num_tokens - pc
+        if left <= 1 and p.num_generated > 0:
+            return False                # it decodes next: the policy plans
+        num_decodes = len(batch) - 1
+        emitted, grow, ctx, _ = sums_next
+        if emitted != num_decodes:
+            return False
+        n = self.token_budget - num_decodes
+        if left < n:
+            if self.waiting:
+                return False            # budget is left over for a waiting request: the policy plans
+            n = left
+        if n < 1:
+            return False
+        bs = self.block_size
+        free = self.free_blocks
+        for _, need in grow:
+            free -= need
+        if free < 0:
+            return False                # the policy evicts: let it plan
+        p_need = self.policy.blocks_to_hold(p, n, bs) - p.num_blocks
+        if p_need > free:
+            return False                # refused when allocated: let the plan path raise it
+        # What `_allocate` does for this batch: blocks in batch order (all fit), the start of the iteration.
+        for r, need in grow:
+            r.num_blocks += need
+        if p_need > 0:
+            free -= p_need
+            p.num_blocks += p_need
+        self.free_blocks = free
+        for r, _ in batch:
+            r.last_scheduled_s = now
+        used = self.total_blocks - free
+        if used > self.max_used_blocks:
+            self.max_used_blocks = used
+        pairs = 0.0
+        pairs += n * (pc + n * 0.5)
+        dt = self.predictor.iteration_time(n, pairs, num_decodes, ctx)
+        if self.slowdown != 1.0:
+            dt *= self.slowdown
+        dt += 0.0                       # no PCIe time: nothing swapped or preempted
+        batch[-1] = (p, n)
+        self._batch = batch
+        self._batch_start_s = now
+        self._account(dt)
+        self._version += 1
+        self.loop.at(now + dt, RANK_ITERATION_END, self._end_iteration, self._version)
+        return True
 
     def _finish(self, r: RequestState, now: float) -> None:
         self._leave_running(r)
@@ -526,7 +657,6 @@ class Replica:
         grow = []                       # (request, blocks) for the ones crossing into a new block
         ctx0 = 0
         k = plan.max_repeat if self.skip_ahead else 1
-        per_tier = [0] * self.num_tiers
         for r, n in scheduled:
             c = r.num_computed_tokens
             generated = r.num_generated
@@ -540,10 +670,26 @@ class Replica:
             rem = r._request.output_tokens - generated          # true_output_tokens, inline (hot loop)
             if rem < k:
                 k = rem
-            per_tier[r.tier] += 1
             r.last_scheduled_s = now
         # Each tier's histogram is separate: the order of tiers here changes no count and no sum.
-        tiers = {t: c for t, c in enumerate(per_tier) if c}
+        if self.num_tiers == 1:
+            tiers = {0: b}
+        else:
+            tier_list = [r.tier for r in batch]
+            tiers = {}
+            for t in range(self.num_tiers):
+                c = tier_list.count(t)
+                if c:
+                    tiers[t] = c
+        return self._launch_run(batch, ctx0, k, grow, tiers, plan.revise_at_s, now)
+
+    def _launch_run(self, batch: list[RequestState], ctx0: int, k: int, grow: list, tiers: dict[int, int],
+                    revise: float, now: float) -> bool:
+        """Start the decode run of `batch` (running decodes, checked): `ctx0` = Σ (computed + 1), `k` the
+        iterations allowed by completions and the plan, `grow` (request, blocks) for its first iteration."""
+        b = len(batch)
+        bs = self.block_size
+        inline_hold = self._decode_hold_inline
         # Blocks for the first iteration, as `_allocate` would give them (its checks hold for running decodes).
         if grow:
             free = self.free_blocks
@@ -558,7 +704,9 @@ class Replica:
             self.max_used_blocks = used
         if b > self.token_budget:
             raise PolicyError(f"{self.policy.name}: batch of {b} tokens > token budget {self.token_budget}")
-        if k > 1:
+        # After this iteration's blocks every request holds ≥ c + 1 tokens' worth, so each of the next k − 1
+        # iterations adds at most ceil((k − 1) / bs) blocks per request: when even that fits, k stands.
+        if k > 1 and (not inline_hold or b * (-(-(k - 1) // bs)) > self.free_blocks):
             k = self._kv_bound(batch, k, bs)
         base = self.predictor.decode_base_time(b)
         coef = self.predictor.decode_context_coef_s
@@ -566,16 +714,22 @@ class Replica:
         ends = []
         t = now
         busy = 0.0
-        revise = plan.revise_at_s
-        for j in range(k):
-            dt = base + coef * (ctx0 + b * j)     # the same arithmetic as a single decode step
-            if slow != 1.0:
-                dt *= slow
-            t = t + dt
-            busy += dt
-            ends.append(t)
-            if t >= revise:          # the policy re-plans after the iteration that crosses its revision point
-                break
+        if slow == 1.0 and revise == _REVISE_AT_S:     # the usual case: the loop below without its two tests
+            for j in range(k):
+                dt = base + coef * (ctx0 + b * j)
+                t = t + dt
+                busy += dt
+                ends.append(t)
+        else:
+            for j in range(k):
+                dt = base + coef * (ctx0 + b * j)     # the same arithmetic as a single decode step
+                if slow != 1.0:
+                    dt *= slow
+                t = t + dt
+                busy += dt
+                ends.append(t)
+                if t >= revise:      # the policy re-plans after the iteration that crosses its revision point
+                    break
         self.iterations += len(ends)
         self.busy_s += busy
         self._run = DecodeRun(batch, now, ends, tiers)      # KV block-seconds are charged as it is applied
@@ -645,11 +799,16 @@ class Replica:
         pend = [0] * len(hists)
         pend_any = False
         sums = [h.sum for h in hists]
+        collect = finished is not None
+        # At a run's end, what the next run of the same batch (less the finished) needs, gathered here.
+        carry = collect and self._keeps_batch
+        n_next, grow_next, ctx_next, rem_next = 0, [], 0, 1 << 62
         for r in run.batch:
             c = r.num_computed_tokens + cnt
             r.num_computed_tokens = c
             r.num_tokens += cnt
-            r.num_generated += cnt
+            generated = r.num_generated + cnt
+            r.num_generated = generated
             r.attained_tokens += cnt
             r.service_tokens += cnt
             r.service_s += span
@@ -673,8 +832,20 @@ class Replica:
             if need > 0:
                 r.num_blocks += need
                 free -= need
-            if finished is not None and r.num_generated >= r._request.output_tokens:
-                finished.append(r)
+            if collect:
+                rem = r._request.output_tokens - generated
+                if rem <= 0:
+                    finished.append(r)
+                elif carry:
+                    n_next += 1
+                    ctx_next += c + 1
+                    if rem < rem_next:
+                        rem_next = rem
+                    need = -(-(c + 1) // bs) - r.num_blocks
+                    if need > 0:
+                        grow_next.append((r, need))
+        if carry:
+            self._carry = (n_next, grow_next, ctx_next, rem_next)
         if pend_any:
             _flush_bin(hists, last_bin, pend)
         for h, total in zip(hists, sums):
@@ -720,8 +891,11 @@ class Replica:
             segments.append((cur_b, n_b, sum_b))
             for tier, c in run.tier_counts.items():
                 h = hists[tier]
-                for b, n, sm in segments:
-                    h.add_bin(b, n * c, sm * c)
+                counts = h.counts
+                for b, n, sm in segments:       # LogHistogram.add_bin(b, n * c, sm * c), inlined
+                    counts[b] = counts.get(b, 0) + n * c
+                    h.total += n * c
+                    h.sum += sm * c
         return shared_max
 
     def _apply_pieces(self, run: DecodeRun, finished: list | None) -> None:
@@ -768,17 +942,28 @@ class Replica:
         pend_any = False
         sums = [h.sum for h in hists]
         steps = list(zip(tokens_at, extras, range(len(pieces))))
+        two = len(pieces) == 2          # the usual case (one deferred cut): its inner loops unrolled
+        if two:
+            span0, span1 = spans
+            (tokens0, extra0, _), (tokens1, extra1, _) = steps
+        collect = finished is not None
+        carry = collect and self._keeps_batch     # as in `_apply_run`
+        n_next, grow_next, ctx_next, rem_next = 0, [], 0, 1 << 62
         for r in run.batch:
             c0 = r.num_computed_tokens
             r.num_computed_tokens = c0 + cnt
             r.num_tokens += cnt
-            r.num_generated += cnt
+            generated = r.num_generated + cnt
+            r.num_generated = generated
             r.attained_tokens += cnt
             r.service_tokens += cnt
-            service = r.service_s
-            for span in spans:
-                service += span
-            r.service_s = service
+            if two:
+                r.service_s = r.service_s + span0 + span1
+            else:
+                service = r.service_s
+                for span in spans:
+                    service += span
+                r.service_s = service
             r.last_scheduled_s = scheduled_s
             gap = first_end - r.last_token_s
             t = r.tier
@@ -796,14 +981,37 @@ class Replica:
                 r.tbt_max_s = gap
             r.last_token_s = last
             blocks = r.num_blocks
-            for tokens, extra, p in steps:
-                need = -(-(c0 + tokens + extra) // bs) - blocks
+            if two:
+                need = -(-(c0 + tokens0 + extra0) // bs) - blocks
                 if need > 0:
                     blocks += need
-                    grow[p] += need
+                    grow[0] += need
+                need = -(-(c0 + tokens1 + extra1) // bs) - blocks
+                if need > 0:
+                    blocks += need
+                    grow[1] += need
+            else:
+                for tokens, extra, p in steps:
+                    need = -(-(c0 + tokens + extra) // bs) - blocks
+                    if need > 0:
+                        blocks += need
+                        grow[p] += need
             r.num_blocks = blocks
-            if finished is not None and r.num_generated >= r._request.output_tokens:
-                finished.append(r)
+            if collect:
+                rem = r._request.output_tokens - generated
+                if rem <= 0:
+                    finished.append(r)
+                elif carry:
+                    n_next += 1
+                    c = c0 + cnt
+                    ctx_next += c + 1
+                    if rem < rem_next:
+                        rem_next = rem
+                    need = -(-(c + 1) // bs) - blocks
+                    if need > 0:
+                        grow_next.append((r, need))
+        if carry:
+            self._carry = (n_next, grow_next, ctx_next, rem_next)
         if pend_any:
             _flush_bin(hists, last_bin, pend)
         for h, total in zip(hists, sums):
@@ -842,6 +1050,7 @@ class Replica:
         run = self._run
         now = self.loop.now
         finished: list[RequestState] = []        # the executor owns the truth (true output lengths)
+        self._carry = self._held_carry = None
         self._apply_run(run, len(run.ends), False, finished)
         self._run = None
         if self._iteration_hook:
@@ -849,7 +1058,111 @@ class Replica:
         for r in finished:
             self._finish(r, now)
         self._settle_pauses()
-        self._start_next()
+        carry, self._carry = self._carry, None
+        if carry is None:
+            self._start_next()
+        elif not self._continue_run(run, carry, finished, now):
+            if carry[0] and self.waiting:   # kept for the decode run after an admission-only iteration
+                n, grow, ctx0, rem = carry
+                self._held_carry = (self._running_epoch, n, grow, ctx0, rem, _less(run.tier_counts, finished))
+            self._start_next()
+
+    def _continue_run(self, run: DecodeRun, carry: tuple, finished: list[RequestState], now: float) -> bool:
+        """After a decode run ends: start the next run from the policy's `decode_batch` — what `plan` would
+        return — with the sums the run's last pass gathered over the requests still in it (`carry`), when
+        nothing waits, they are all the running requests and their next blocks fit. False: plan instead."""
+        n, grow, ctx0, rem = carry
+        if not n or self.waiting or self.swapped or n != len(self.running):
+            return False
+        if grow:
+            total = 0
+            for _, need in grow:
+                total += need
+            if total > self.free_blocks:
+                return False            # the policy evicts: let it plan
+        batch = self.policy.decode_batch(self.running)
+        if batch is None or n > self.max_num_seqs or n > self.token_budget:
+            return False
+        for r in batch:
+            r.last_scheduled_s = now
+        k = _MAX_REPEAT if self.skip_ahead else 1
+        if rem < k:
+            k = rem
+        tiers = _less(run.tier_counts, finished)
+        # `grow` is in the run's order, not the batch's: all of it fits, so the order changes nothing.
+        return self._launch_run(batch, ctx0, k, grow, tiers, _REVISE_AT_S, now)
+
+    def _continue_decodes(self, now: float, batch: list[tuple[RequestState, int]], held: tuple | None,
+                          sums_next: tuple) -> bool:
+        """After a general iteration (`batch`): when nothing waits and every running request is decoding,
+        start the decode run of the policy's `decode_batch` — what `plan` would return — if their next
+        blocks fit. False (nothing changed): plan instead. The sums come from the iteration's own pass
+        (`sums_next`) when every running request was in it; when it only admitted new requests right after a
+        decode run ended, the others' sums come from that run's last pass (`held`)."""
+        running = self.running
+        b = len(running)
+        if not b or self.waiting or self.swapped or b > self.max_num_seqs or b > self.token_budget:
+            return False
+        bs = self.block_size
+        k = _MAX_REPEAT if self.skip_ahead else 1
+        if (held is not None and self._admitted_all and self._running_epoch == held[0] + len(batch)
+                and b == held[1] + len(batch)):
+            # Nothing but this batch joined or left since that run ended: its survivors are as it left them.
+            _, _, grow, ctx0, rem, tiers = held
+            grow = list(grow)
+            total = 0
+            for _, need in grow:
+                total += need
+            if rem < k:
+                k = rem
+            members = [r for r, _ in batch]
+        elif sums_next[0] == b:
+            # Every running request emitted in this iteration (it was in the batch): its pass has the sums.
+            _, grow, ctx0, rem = sums_next
+            total = 0
+            for _, need in grow:
+                total += need
+            if rem < k:
+                k = rem
+            tiers = None
+            members = None
+        else:
+            grow = []
+            total = 0
+            ctx0 = 0
+            tiers = None
+            members = running
+        for r in members or ():
+            c = r.num_computed_tokens
+            generated = r.num_generated
+            if generated == 0 or r.num_tokens - c != 1:
+                return False            # a prefill still runs: the policy plans it
+            need = -(-(c + 1) // bs) - r.num_blocks
+            if need > 0:
+                grow.append((r, need))
+                total += need
+            ctx0 += c + 1
+            rem = r._request.output_tokens - generated
+            if rem < k:
+                k = rem
+        if total > self.free_blocks:
+            return False                # the policy evicts: let it plan
+        order = self.policy.decode_batch(running)
+        if order is None:
+            return False
+        for r in order:
+            r.last_scheduled_s = now
+        if self.num_tiers == 1:
+            tiers = {0: b}
+        else:
+            tier_list = [r.tier for r in (running if members is None else members)]
+            counts = dict(tiers) if tiers is not None else {}
+            for t in range(self.num_tiers):
+                c = tier_list.count(t)
+                if c:
+                    counts[t] = counts.get(t, 0) + c
+            tiers = {t: counts[t] for t in range(self.num_tiers) if counts.get(t)}
+        return self._launch_run(order, ctx0, k, grow, tiers, _REVISE_AT_S, now)
 
     def _truncate_run(self, now: float, defer: bool = False) -> None:
         """End the current run after the iteration in flight at `now` (it cannot be interrupted).

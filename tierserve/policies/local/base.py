@@ -59,6 +59,26 @@ class LocalPolicy(ABC):
         """The order in which waiting requests are considered; FCFS by default."""
         return waiting
 
+    def decode_batch(self, running: Sequence[RequestState]) -> list[RequestState] | None:
+        """The batch `plan` returns when nothing is waiting or swapped and every request in `running` (the
+        replica's running requests, admission order) is decoding, provided their next KV blocks all fit: all
+        of `running`, one token each, in this policy's service order, as a repeatable plan with the default
+        `max_repeat` and `revise_at_s` (and no preemption, relegation or other side effect). None: no such
+        promise (the default). The simulator then starts a decode run without calling `plan`, so an
+        implementation must answer None whenever its `plan` is not the one it describes (a subclass's, or
+        one replaced on the instance)."""
+        return None
+
+    def repeats_prefill_chunk(self) -> bool:
+        """True when `plan`, right after an iteration of decodes (one token each) followed by one prefill
+        chunk — with nothing swapped, no other request running, none of them finished, the decodes' next KV
+        blocks all free and that request still prefilling — returns the same decodes in the same order, then
+        that request's next chunk, min(tokens left, token_budget − decodes), and nothing else (no preemption
+        or relegation, not repeatable), both when nothing is waiting and when that chunk takes the whole
+        budget left. The simulator then starts that iteration without calling `plan`. Default False; answer
+        False for a `plan` other than the one described."""
+        return False
+
     def max_request_tokens(self) -> int | None:
         """Largest prompt+output this policy can ever serve (None: bounded by KV capacity only)."""
         return None

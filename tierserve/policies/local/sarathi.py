@@ -3,6 +3,8 @@ all within one token budget (the chunk size, default 512). Admission reserves th
 blocks plus a 1% watermark; preemption restarts the youngest running request (recompute)."""
 from __future__ import annotations
 
+from typing import Sequence
+
 from tierserve.core import AllocationRule, BatchPlan, PreemptMode, RequestState
 from tierserve.policies.local.base import LocalPolicy, ReplicaView, evict_from_tail, holds_computed_plus_next
 from tierserve.policies.local.vllm_v0 import arrival_key
@@ -19,6 +21,16 @@ class SarathiPolicy(LocalPolicy):
         """Order of partial prefills (Sarathi-FCFS: arrival); Sarathi-EDF/SRPF override this."""
         return partial
 
+    def decode_batch(self, running: Sequence[RequestState]) -> list[RequestState] | None:
+        # Decodes are served oldest first (within the budget and cap, which the simulator checks).
+        if getattr(self.plan, "__func__", None) is not SarathiPolicy.plan:
+            return None
+        return sorted(running, key=arrival_key)
+
+    def repeats_prefill_chunk(self) -> bool:
+        # Decodes (oldest first), then partial prefills, then waiting ones get what budget the partials leave.
+        return getattr(self.plan, "__func__", None) is SarathiPolicy.plan
+
     def plan(self, view: ReplicaView) -> BatchPlan:
         bs = view.block_size
         free = view.free_blocks
@@ -33,6 +45,24 @@ class SarathiPolicy(LocalPolicy):
         end = len(running)
         i = 0
         n_scheduled = 0                 # len(scheduled), kept as it grows (hot loop)
+        if end <= cap and end <= budget:
+            # Neither the batch cap nor the budget can stop the loop below: the same steps without their
+            # checks, until a request's blocks do not fit (the loop below takes over there, evicting).
+            i = end
+            for j, r in enumerate(running):
+                c = r.num_computed_tokens
+                if r.num_tokens - c > 1 or r.num_generated == 0:
+                    partial.append(r)
+                    continue
+                need = (-(-(c + 1) // bs) if inline_hold else hold(r, 1, bs)) - r.num_blocks
+                if need > free:
+                    i = j
+                    break
+                scheduled.append((r, 1))
+                if need > 0:
+                    free -= need
+            n_scheduled = len(scheduled)
+            budget -= n_scheduled
         while i < end:
             if n_scheduled >= cap:
                 break

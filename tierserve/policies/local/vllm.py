@@ -47,6 +47,14 @@ class VLLMPolicy(LocalPolicy):
     def preempt_mode(self, state: RequestState) -> PreemptMode:
         return self._mode
 
+    def decode_batch(self, running: Sequence[RequestState]) -> list[RequestState] | None:
+        # Running requests are served in admission order; with nothing waiting or swapped `resumable` is
+        # empty whatever `order_waiting` does.
+        if (getattr(self.plan, "__func__", None) is not VLLMPolicy.plan
+                or type(self).running_order is not VLLMPolicy.running_order):
+            return None
+        return list(running)
+
     def running_order(self, running: Sequence[RequestState]) -> Sequence[RequestState]:
         """Order of service among running requests (v1: admission order)."""
         return running

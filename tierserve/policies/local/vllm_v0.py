@@ -6,6 +6,7 @@ len(batch)·max(prompt) ≤ token budget (Vidur's padded `max_tokens_in_batch`) 
 from __future__ import annotations
 
 from operator import attrgetter
+from typing import Sequence
 
 from tierserve.core import AllocationRule, BatchPlan, PreemptMode, RequestState
 from tierserve.policies.local.base import LocalPolicy, ReplicaView, _hold_whole_prompt, evict_from_tail
@@ -23,6 +24,12 @@ class VLLMv0Policy(LocalPolicy):
 
     def max_prompt_tokens(self, token_budget: int) -> int | None:
         return token_budget   # no chunking: a whole prompt must fit one batch
+
+    def decode_batch(self, running: Sequence[RequestState]) -> list[RequestState] | None:
+        # Running requests are decoded oldest first.
+        if getattr(self.plan, "__func__", None) is not VLLMv0Policy.plan:
+            return None
+        return sorted(running, key=arrival_key)
 
     def plan(self, view: ReplicaView) -> BatchPlan:
         bs = view.block_size
@@ -52,6 +59,20 @@ class VLLMv0Policy(LocalPolicy):
         hold = self.blocks_to_hold
         max_seqs = view.max_num_seqs
         i = 0
+        if end <= max_seqs and whole_prompt:
+            # The batch cap cannot stop the loop below: the same steps without its checks, until a request's
+            # blocks do not fit (the loop below takes over there, evicting).
+            i = end
+            for j, r in enumerate(running):
+                tokens = r.num_computed_tokens + 1
+                known = r.num_tokens
+                need = -(-(tokens if tokens > known else known) // bs) - r.num_blocks
+                if need > free:
+                    i = j
+                    break
+                scheduled.append((r, 1))
+                if need > 0:
+                    free -= need
         while i < end and len(scheduled) < max_seqs:
             r = running[i]
             if whole_prompt:

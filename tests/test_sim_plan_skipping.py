@@ -1,0 +1,78 @@
+"""Iterations the executor starts without asking the policy give exactly what asking gives.
+
+A policy that names its steady plans (`decode_batch`: every running request decoding, nothing waiting;
+`repeats_prefill_chunk`: the same decodes beside one prefill's next chunk) lets the simulator start the next
+decode run or chunk iteration without calling `plan`. Every request, histogram (bins, counts and sums), the
+KV block-seconds and every statistic must be bit-identical to a run where `plan` is asked each time — and
+the skipping must really happen, or the comparison proves nothing.
+"""
+from __future__ import annotations
+
+import pytest
+
+from conftest import LinearPredictor, make_requests
+from tierserve.policies.local import LOCAL_POLICIES
+from tierserve.sim import ClusterConfig, simulate
+from test_sim_deferred_apply import fingerprint
+
+POLICIES = ["sarathi", "vllm", "vllm_v0"]      # the ones that declare their steady plans
+
+
+def run(policy: str, reqs, monkeypatch, skip: bool, **cfg) -> tuple:
+    """One run; with `skip` False every plan is asked for (the policy's `plan` replaced on each instance by
+    the same function, which its declarations must refuse). Returns the fingerprint and `plan` calls."""
+    cls = LOCAL_POLICIES.get_class(policy)
+    calls = {"plan": 0}
+    original_plan = cls.plan
+
+    def counted_plan(self, view):
+        calls["plan"] += 1
+        return original_plan(self, view)
+
+    original_create = LOCAL_POLICIES.create
+
+    def create(name, **params):
+        p = original_create(name, **params)
+        if not skip:
+            p.plan = lambda view, p=p: counted_plan(p, view)   # the same plan, replaced on the instance
+        return p
+
+    with monkeypatch.context() as m:
+        m.setattr(cls, "plan", counted_plan)
+        m.setattr(LOCAL_POLICIES, "create", create)
+        res = simulate(ClusterConfig(local_policy=policy, **cfg), reqs, 3, predictor=LinearPredictor())
+    return fingerprint(res), calls["plan"]
+
+
+CASES = {
+    "light": dict(rate=8.0, cfg=dict(num_replicas=2)),
+    # queues build and the KV runs short: evictions, and the fallbacks to `plan` when blocks do not fit
+    "pressure": dict(rate=40.0, cfg=dict(num_replicas=2, replica={"num_blocks": 260})),
+    "one_replica_many_tiers": dict(rate=12.0, cfg=dict(num_replicas=1, cluster_policy="round_robin")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("policy", POLICIES)
+def test_starting_without_a_plan_equals_asking_for_it(policy, case, monkeypatch):
+    spec = CASES[case]
+    reqs = make_requests(300, rate=spec["rate"], num_tiers=3, prompt=(20, 1500))
+    skipped, plans_skipped = run(policy, reqs, monkeypatch, True, **spec["cfg"])
+    asked, plans_asked = run(policy, reqs, monkeypatch, False, **spec["cfg"])
+    assert skipped == asked
+    if case == "pressure":                            # queues rarely empty: few plans can be skipped
+        assert plans_skipped < plans_asked
+        assert skipped[3]["preemptions"] > 0          # the comparison covered evictions
+    else:
+        assert plans_skipped < 0.8 * plans_asked      # the plans were really skipped
+
+
+def test_a_replaced_or_overridden_plan_gets_no_promise():
+    for name in POLICIES:
+        p = LOCAL_POLICIES.create(name)
+        assert p.decode_batch([]) == []
+        p.plan = lambda view: None
+        assert p.decode_batch([]) is None and not p.repeats_prefill_chunk()
+    from tierserve.policies.local.sarathi_fcfs import SarathiFCFSPolicy   # a subclass with its own plan
+    sub = SarathiFCFSPolicy()
+    assert sub.decode_batch([]) is None and not sub.repeats_prefill_chunk()
