@@ -15,6 +15,22 @@ import pytest
 from tierserve.core.errors import Interrupted
 from tierserve.experiments.sweep import run_many
 
+
+@pytest.fixture(autouse=True)
+def default_signal_dispositions():
+    """Run each test with Python's default SIGINT/SIGTERM handling: an earlier test in the same pytest process
+    may leave SIGINT ignored, and an ignored SIGINT is inherited by the commands these tests start (which then,
+    rightly, keep ignoring it)."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 
 
