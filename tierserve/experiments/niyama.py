@@ -198,12 +198,6 @@ def scenario(study: Study, dataset: str, policy: str, params: dict[str, Any], *,
                      "tiers": tiers or {"num_tiers": 3, "preset": "niyama"}}})
 
 
-def dispatch_params(study: Study, name: str) -> dict[str, Any]:
-    """Cluster-policy parameters: none (`deadline_slack` predicts with the replicas' own execution-time model,
-    which the simulator's replica view carries)."""
-    return {}
-
-
 def search_job(key: tuple, study: Study, cfg: ScenarioConfig, goals: dict | None, hi: float) -> dict[str, Any]:
     """Process-pool worker: one capacity search (serial inside), as plain numbers and its log line."""
     cap = find_capacity(DeadlineRunner(cfg), study.lo, hi, study.seeds, study.rel_tol, goals=goals,
@@ -349,7 +343,6 @@ def run_study(study: Study, out: str | Path, executor: str = "process", log=prin
     k = study.dispatch_replicas
     for name in study.dispatchers:
         search(("dispatch", d0, name), scenario(study, d0, "niyama", {}, replicas=k, cluster_policy=name,
-                                                 cluster_params=dispatch_params(study, name),
                                                  num_requests=study.dispatch_requests_per_replica * k),
                hi=study.hi * k)
     found = run_searches(study, jobs, executor, log)
@@ -398,8 +391,7 @@ def run_study(study: Study, out: str | Path, executor: str = "process", log=prin
     dispatch_pts = {}
     if math.isfinite(jsq_cap) and jsq_cap > 0:
         for name in study.dispatchers:
-            cfg = scenario(study, d0, "niyama", {}, replicas=k, cluster_policy=name,
-                           cluster_params=dispatch_params(study, name))
+            cfg = scenario(study, d0, "niyama", {}, replicas=k, cluster_policy=name)
             dispatch_pts[name] = {rho: points.add(cfg, rho * jsq_cap) for rho in study.dispatch_rhos}
     diurnal_jobs = diurnal_jobs_of(study, res["goodput"][study.diurnal_dataset]["Sarathi-EDF"]["rate"]) \
         if study.diurnal_dataset in res["goodput"] else None
