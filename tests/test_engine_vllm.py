@@ -87,6 +87,7 @@ def test_policy_schedules_every_step_and_tier_order_holds_under_contention(tmp_p
     assert all(d["policy"] == "vllm_priority" for d in steps)
     assert stats["disagreements"] == 0 and stats["engine_preemptions"] == 0
     assert sum(len(d["preempt"]) for d in steps) > 0              # contention reached the KV cache
+    assert results["waiting_order"] == "kept" and 0 < results["repeated_plans"] < len(steps)   # decode-only runs
     # strict tier order of admission over 64 requests, 3 tiers, max_num_seqs 4
     first = first_admission(steps)
     tiers = [tier_of(rid, specs) for rid in sorted(first, key=first.get)]

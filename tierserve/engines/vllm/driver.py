@@ -18,7 +18,10 @@ vllm_priority, vllm_priority_sorted, llumlet without promotion, vllm_edf), the d
 that order between steps, updated on arrival, admission (seen as running), preemption, delivered tokens,
 relegation and finish, and the scheduler hides the held-back requests from vLLM's loop without moving them: a step
 costs O(running + admitted + changes), and its plan is the full path's (`incremental_waiting: false`), which
-re-reads and re-sorts the whole waiting queue every step (any other policy takes that path).
+re-reads and re-sorts the whole waiting queue every step (any other policy takes that path). On that kept path a
+plan the policy marks `repeatable` (decode-only, nothing admissible) is reused without asking the policy while
+nothing it depends on changes (`_repeat_step`), as the simulator runs such a batch ahead; inside a plan,
+`policy.resumable` returns the kept list itself, uncopied.
 vLLM then runs its loop — allocation, prefix caching, the KV blocks themselves — inside those limits. If it
 still runs short of blocks it evicts the tail of the service order (v1's rule); the decision log records the
 plan, what vLLM scheduled, and whether they agreed.
@@ -44,7 +47,7 @@ from tierserve.policies.local.llumlet import LlumletPolicy
 from tierserve.policies.local.sarathi_edf import deadline_key
 from tierserve.policies.local.vllm import VLLMPolicy, VLLMPriorityPolicy, priority_key_fast
 from tierserve.policies.local.vllm_edf import VLLMDeadlinePolicy
-from tierserve.engines.vllm.logs import DecisionLog, IterationLog, RequestLog, StepShape
+from tierserve.engines.vllm.logs import DecisionLog, IterationLog, RequestLog
 from tierserve.engines.vllm.mapping import request_meta
 from tierserve.engines.vllm.predictor import make_predictor
 from tierserve.engines.vllm.settings import EngineSettings
@@ -129,7 +132,8 @@ def fixed_waiting_key(policy: LocalPolicy) -> Callable[[RequestState], Any] | No
 
 @dataclass(slots=True)
 class StepHints:
-    """What vLLM's loop obeys this step (engine request objects, not states)."""
+    """What vLLM's loop obeys this step (engine request objects, not states); `held` stays empty when
+    `plan_step` is asked for no held-back list (the kept path's scheduler never moves those requests)."""
 
     preempt: list = field(default_factory=list)
     running: list = field(default_factory=list)
@@ -163,14 +167,6 @@ class EngineReplica:
         return self._clock()
 
 
-@dataclass(slots=True)
-class _Pending:
-    step: int
-    sched_start: float
-    shape: StepShape
-    batch: list
-
-
 class PolicyDriver:
     """Drives one `LocalPolicy` from inside an engine's scheduler (see the module docstring)."""
 
@@ -200,7 +196,8 @@ class PolicyDriver:
         self.engine_preemptions = 0                   # evictions vLLM made on its own (outside the plan)
         self.relegations = 0
         self.max_output_placeholders = 0              # tokens in flight seen on one request (async scheduling)
-        self._pending: deque[_Pending] = deque()
+        # per scheduled step until its output arrives: (step, sched_start, batch states, `IterationLog.add` shape)
+        self._pending: deque[tuple] = deque()
         self._busy_since: float | None = None         # end of the last step while requests remained
         self._last_plan: dict[str, int] = {}
         self._last_record: dict | None = None
@@ -218,9 +215,15 @@ class PolicyDriver:
         self._wkey_of: dict[int, Any] = {}            # state id -> its key, for states in those lists
         self._planning = False
         self._plan_now = 0.0
+        # incremental path: the last plan while it may be repeated without asking the policy (`_repeat_step`):
+        # (plan, engine requests in service order, the budget, `_last_plan`, free blocks left after it, uses)
+        self._repeat: tuple | None = None
+        self.repeated_plans = 0                       # steps that reused the previous plan that way
+        self._resumable = self.policy.resumable
         if self.incremental:
             self.replica.waiting = self._wstates
             self.policy.order_waiting = self._order_waiting_kept   # this driver's own policy object
+            self.policy.resumable = self._resumable_kept
         else:
             self.policy.order_waiting = self._order_waiting_memo
         self.iteration_log = IterationLog(settings.iteration_log) if settings.iteration_log else None
@@ -259,6 +262,7 @@ class PolicyDriver:
         self._wstates.insert(i, s)
         self._wreqs.insert(i, req)
         self._wkey_of[s.id] = key
+        self._repeat = None                           # the waiting order changed: the policy plans again
 
     def _remove(self, s: RequestState) -> None:
         key = self._wkey_of.pop(s.id, None)
@@ -268,6 +272,7 @@ class PolicyDriver:
         del self._wkeys[i]
         del self._wstates[i]
         del self._wreqs[i]
+        self._repeat = None
 
     def _rekey(self, s: RequestState) -> None:
         """A waiting state's fields changed: move it if its key did."""
@@ -291,6 +296,13 @@ class PolicyDriver:
         if self._planning and len(waiting) == len(ws) and (not ws or waiting[0] is ws[0]):
             return waiting
         return self._order_waiting(waiting)
+
+    def _resumable_kept(self, view):
+        """Inside the plan, `VLLMPolicy.resumable` (swapped, then waiting in policy order) is the kept list itself:
+        v1 never swaps, and the plan only iterates it, so nothing is copied or re-sorted."""
+        if self._planning and view is self.view and not self.replica.swapped:
+            return self._wstates
+        return self._resumable(view)
 
     def _sync(self, s: RequestState, req, running: bool) -> None:
         generated = req.num_output_tokens + req.num_output_placeholders
@@ -318,11 +330,14 @@ class PolicyDriver:
         return self._order_waiting(wait_states)
 
     # ----- one step -----
-    def plan_step(self, running: Sequence, waiting: Sequence | None, free_blocks: int) -> StepHints:
+    def plan_step(self, running: Sequence, waiting: Sequence | None, free_blocks: int, *,
+                  held: bool = True) -> StepHints:
         """The policy's plan for this step, as limits vLLM's loop obeys (module docstring). `waiting`: the
-        engine's waiting requests; on the incremental path None (the driver's own kept order) or a check of it."""
+        engine's waiting requests; on the incremental path None (the driver's own kept order) or a check of it.
+        `held=False` (incremental path only) leaves `hints.held` empty: a caller that never moves the held-back
+        requests skips an O(waiting) copy."""
         if self.incremental:
-            return self._plan_step_kept(running, waiting, free_blocks)
+            return self._plan_step_kept(running, waiting, free_blocks, held)
         states = self.states
         rep = self.replica
         sync = self._sync
@@ -352,18 +367,25 @@ class PolicyDriver:
         self._finish_hints(hints, plan, run_states, wait_states, free_blocks)
         return hints
 
-    def _plan_step_kept(self, running: Sequence, waiting: Sequence | None, free_blocks: int) -> StepHints:
+    def _plan_step_kept(self, running: Sequence, waiting: Sequence | None, free_blocks: int,
+                        want_held: bool) -> StepHints:
         """`plan_step` on the kept waiting order: O(running + admitted + changes) per step."""
         states = self.states
         rep = self.replica
-        sync = self._sync
         kept = self._wkey_of
+        block_size = rep.block_size
+        running_status = Status.RUNNING
         rep.running = run_states = []
         for req in running:
             s = states[req.request_id]
             if s.id in kept:                    # vLLM admitted it last step
                 self._remove(s)
-            sync(s, req, True)
+            placeholders = req.num_output_placeholders       # `_sync(s, req, True)`, inline (every step)
+            s.num_tokens = req.num_tokens_with_spec + placeholders
+            s.num_computed_tokens = computed = req.num_computed_tokens
+            s.num_generated = req.num_output_tokens + placeholders
+            s.num_blocks = -(-computed // block_size)
+            s.status = running_status
             run_states.append(s)
         wait_states = self._wstates
         if waiting is not None:                 # a caller's list (tests, other engines): must match the kept set
@@ -373,26 +395,98 @@ class PolicyDriver:
                 if s is None:
                     self.admit(req)
                 elif s.id not in kept:
-                    sync(s, req, False)
+                    self._sync(s, req, False)
                     self._insert(s, req)
             if len(waiting) != len(wait_states):
                 raise RuntimeError(f"engine step {self.step + 1}: the engine reports {len(waiting)} waiting requests, "
                                    f"the driver holds {len(wait_states)} (a request left or entered the waiting "
                                    f"queue without the scheduler's hooks)")
         rep.free_blocks = free_blocks
+        if self._repeat is not None:
+            hints = self._repeat_step(running, run_states, wait_states, free_blocks, want_held)
+            if hints is not None:
+                return hints
         self._planning = True
         try:
             plan = self._plan()
         finally:
             self._planning = False
-        hints, admit = self._hints(plan, run_states)
-        k = len(admit)
-        if k <= len(wait_states) and all(map(operator.is_, admit, wait_states[:k])):
-            hints.held = self._wreqs[k:]        # the plan admitted a prefix of the kept order (always, for
-        else:                                   # the policies `fixed_waiting_key` accepts)
-            admitted = {s.id for s in admit}
-            hints.held = [r for s, r in zip(wait_states, self._wreqs) if s.id not in admitted]
-        self._finish_hints(hints, plan, run_states, wait_states, free_blocks)
+        # `_hints` and `_finish_hints` in one pass over the plan (same results)
+        req_of = self._req
+        last_plan = {}
+        first = []                              # running requests the plan schedules, in plan order
+        admit = []
+        admit_states = []
+        total = 0
+        for s, n in plan.scheduled:
+            req = req_of[s.id]
+            last_plan[req.request_id] = n
+            total += n
+            if s.status == running_status:
+                first.append(req)
+            else:
+                admit.append(req)
+                admit_states.append(s)
+        preempt = []
+        if plan.preempt or len(first) != len(run_states):     # else every running request is scheduled: in order
+            victims = {s.id for s, _ in plan.preempt}
+            preempt = [req_of[s.id] for s, _ in plan.preempt if s.status == running_status]
+            placed = {s.id for s, _ in plan.scheduled if s.status == running_status} | victims
+            first += [req_of[s.id] for s in run_states if s.id not in placed]
+        hints = StepHints(preempt, first, admit, [], total if total > 0 else rep.token_budget)
+        if want_held:
+            k = len(admit_states)
+            if k <= len(wait_states) and all(map(operator.is_, admit_states, wait_states[:k])):
+                hints.held = self._wreqs[k:]        # the plan admitted a prefix of the kept order (always, for
+            else:                                   # the policies `fixed_waiting_key` accepts)
+                admitted = {s.id for s in admit_states}
+                hints.held = [r for s, r in zip(wait_states, self._wreqs) if s.id not in admitted]
+        self._last_plan = last_plan
+        if self.decision_log is not None:
+            self._last_record = self._decision_record(hints, plan, run_states, wait_states, free_blocks)
+        if plan.repeatable and not plan.relegate and not admit and len(first) == len(run_states):
+            free_after = free_blocks
+            for s, n in plan.scheduled:
+                free_after -= -(-(s.num_computed_tokens + n) // block_size) - s.num_blocks
+            self._repeat = (plan, tuple(first), hints.budget, last_plan, free_after, 1)
+        return hints
+
+    def _repeat_step(self, running: Sequence, run_states: list[RequestState], wait_states: list[RequestState],
+                     free_blocks: int, want_held: bool) -> StepHints | None:
+        """The previous plan again, without asking the policy, where the policy's promise (`BatchPlan.repeatable`:
+        the same decode-only batch until an arrival, a completion, a KV shortfall, `max_repeat` or `revise_at_s`)
+        and what the driver saw since then say the plan would be the same; else None.
+
+        Since that plan the kept waiting order has not changed (no arrival, abort, eviction, re-queue or moved
+        key: `_insert` and `_remove` clear `_repeat`); the engine runs the same requests in the same order (none
+        finished or evicted), each again one decode token, whose new blocks fit; and the free blocks left after
+        them are no more than that plan left, so the waiting request it could not admit (its need unchanged)
+        still does not fit."""
+        plan, reqs, budget, last_plan, free_after, uses = self._repeat
+        if (len(running) != len(reqs) or not all(map(operator.is_, running, reqs)) or uses >= plan.max_repeat
+                or (plan.revise_at_s != math.inf and self.replica.now >= plan.revise_at_s)):
+            self._repeat = None
+            return None
+        block_size = self.replica.block_size
+        needed = 0
+        for s in run_states:
+            computed = s.num_computed_tokens
+            if s.num_tokens - computed != 1 or s.num_generated <= 0:
+                self._repeat = None
+                return None
+            needed += -(-(computed + 1) // block_size) - s.num_blocks
+        if needed > free_blocks or free_blocks - needed > free_after:
+            self._repeat = None
+            return None
+        self._repeat = (plan, reqs, budget, last_plan, free_after, uses + 1)
+        self.repeated_plans += 1
+        self.step += 1
+        self.planned_steps += 1
+        self._last_plan = last_plan
+        hints = StepHints([], list(reqs), [], self._wreqs[:] if want_held else [], budget)
+        if self.decision_log is not None:
+            self._plan_now = self.replica.now
+            self._last_record = self._decision_record(hints, plan, run_states, wait_states, free_blocks)
         return hints
 
     def _plan(self):
@@ -429,13 +523,16 @@ class PolicyDriver:
     def _finish_hints(self, hints: StepHints, plan, run_states: list[RequestState], wait_states: list[RequestState],
                       free_blocks: int) -> None:
         req_of = self._req
-        now = self._plan_now
         total = plan.num_tokens
         hints.budget = total if total > 0 else self.replica.token_budget
         self._last_plan = {req_of[s.id].request_id: n for s, n in plan.scheduled}
         if self.decision_log is not None:
-            self._last_record = {
-                "step": self.step, "t": round(now, 6), "policy": self.policy.name, "budget": hints.budget,
+            self._last_record = self._decision_record(hints, plan, run_states, wait_states, free_blocks)
+
+    def _decision_record(self, hints: StepHints, plan, run_states: list[RequestState],
+                         wait_states: list[RequestState], free_blocks: int) -> dict:
+        req_of = self._req
+        return {"step": self.step, "t": round(self._plan_now, 6), "policy": self.policy.name, "budget": hints.budget,
                 "running": len(run_states), "waiting": len(wait_states), "free_blocks": free_blocks,
                 "plan": [[req_of[s.id].request_id, n] for s, n in plan.scheduled],
                 "preempt": [r.request_id for r in hints.preempt],
@@ -445,31 +542,41 @@ class PolicyDriver:
     def record_schedule(self, num_scheduled: Mapping[str, int], requests: Mapping[str, Any],
                         engine_preempted: Sequence[str], sched_start: float) -> None:
         """What vLLM scheduled this step (after its loop advanced num_computed_tokens)."""
-        shape = StepShape(preemptions=len(engine_preempted))
+        # the step's shape as the execution-time model sees it (the simulator's `Replica` computes the same):
+        # prefill chunks' tokens and Σ chunk·(context + chunk/2); decodes and their context tokens
+        prefill_tokens = decode_count = decode_context_sum = 0
+        prefill_attn_pairs = 0.0
         batch = []
         states = self.states
+        now = self.replica.now                  # one stamp for the step's batch, as the simulator stamps it
+        first_scheduled = self._first_scheduled if self.request_log is not None else None
         placeholders = self.max_output_placeholders
         for rid, n in num_scheduled.items():
             req = requests[rid]
             if req.num_output_placeholders > placeholders:    # > 0 only under vLLM's AsyncScheduler
                 placeholders = req.num_output_placeholders
-            before = req.num_computed_tokens - n
-            shape.add(n, before, n == 1 and before >= max(req.num_prompt_tokens, req.num_tokens - 1))
+            computed = req.num_computed_tokens
+            before = computed - n
+            if n == 1 and before >= max(req.num_prompt_tokens, req.num_tokens - 1):
+                decode_count += 1
+                decode_context_sum += computed
+            else:
+                prefill_tokens += n
+                prefill_attn_pairs += n * (before + n * 0.5)
             s = states.get(rid)
             if s is not None:
                 s.service_tokens += n
-                s.last_scheduled_s = self.replica.now
-                if self.request_log is not None and s.id not in self._first_scheduled:
-                    self._first_scheduled[s.id] = s.last_scheduled_s
-                c = before + n
+                s.last_scheduled_s = now
+                if first_scheduled is not None and s.id not in first_scheduled:
+                    first_scheduled[s.id] = now
                 prompt = s.prompt_tokens
                 if before < prompt:             # prompt tokens computed for the first time count once
                     attained_prompt = s.attained_tokens - s.num_generated
-                    if c > attained_prompt:
-                        s.attained_tokens += min(c, prompt) - attained_prompt
+                    if computed > attained_prompt:
+                        s.attained_tokens += (computed if computed < prompt else prompt) - attained_prompt
                 batch.append(s)
         self.max_output_placeholders = placeholders
-        agree = dict(num_scheduled) == self._last_plan
+        agree = (num_scheduled if type(num_scheduled) is dict else dict(num_scheduled)) == self._last_plan
         if not agree:
             self.disagreements += 1
         if self.decision_log is not None and self._last_record is not None:
@@ -479,8 +586,9 @@ class PolicyDriver:
             rec["agree"] = agree
             self.decision_log.write(rec)
             self._last_record = None
-        if shape.num_requests:
-            self._pending.append(_Pending(self.step, sched_start, shape, batch))
+        if num_scheduled:
+            self._pending.append((self.step, sched_start, batch, (prefill_tokens, prefill_attn_pairs, decode_count,
+                                  decode_context_sum, len(num_scheduled), len(engine_preempted))))
 
     def engine_preempted(self, req, planned: bool) -> None:
         """vLLM evicted `req` (recompute): planned by the policy, or its own fallback."""
@@ -502,41 +610,53 @@ class PolicyDriver:
         if not self._pending:
             self._busy_since = t_end if busy_after else None
             return
-        p = self._pending.popleft()
-        start = self._busy_since if self._busy_since is not None else p.sched_start
-        measured = t_end - start
+        step, sched_start, batch, shape = self._pending.popleft()
+        busy_since = self._busy_since
+        measured = t_end - (busy_since if busy_since is not None else sched_start)
         self._busy_since = t_end if busy_after else None
         now = self.replica.now
-        for s in p.batch:
+        req_of = self._req
+        delivered = self._delivered
+        for s in batch:
             s.service_s += measured
-            req = self._req.get(s.id)
+            req = req_of.get(s.id)
             if req is not None:
-                self._deliver(s, req, now)
+                out = req.num_output_tokens
+                done = delivered.get(s.id, 0)
+                if out > done:
+                    self._book_tokens(s, done, out, now)
         if self.iteration_log is not None:
-            self.iteration_log.write(p.step, p.shape, measured)
+            self.iteration_log.add(step, shape, measured)
             if not busy_after:
-                self.iteration_log.file.flush()    # idle: the log is complete up to now
+                self.iteration_log.flush()      # idle: the log is complete up to now
         if self._iteration_hook:
-            self.policy.on_iteration_end(p.batch, 1, measured, self.view)
+            self.policy.on_iteration_end(batch, 1, measured, self.view)
 
     def _deliver(self, s: RequestState, req, now: float) -> None:
         """Record the output tokens the engine delivered since the last look (timestamps, attained work)."""
         done = self._delivered.get(s.id, 0)
         out = req.num_output_tokens
-        if out <= done:
-            return
+        if out > done:
+            self._book_tokens(s, done, out, now)
+
+    def _book_tokens(self, s: RequestState, done: int, out: int, now: float) -> None:
+        """Output tokens done+1..out arrived at `now`."""
         self._delivered[s.id] = out
-        for _ in range(out - done):
-            s.attained_tokens += 1
-            if s.first_token_s < 0:
-                s.first_token_s = now
-            else:
-                gap = now - s.last_token_s
-                if gap > s.tbt_max_s:
-                    s.tbt_max_s = gap
-                if self.request_log is not None:
-                    self._gaps.setdefault(s.id, []).append(gap)
-            s.last_token_s = now
+        # the tokens arrive together at `now`: the first a gap after the last token (or the first token), the
+        # rest 0 s after it
+        s.attained_tokens += out - done
+        zeros = out - done - 1
+        if s.first_token_s < 0:
+            s.first_token_s = now
+        else:
+            gap = now - s.last_token_s
+            if gap > s.tbt_max_s:
+                s.tbt_max_s = gap
+            if self.request_log is not None:
+                self._gaps.setdefault(s.id, []).append(gap)
+        if zeros and self.request_log is not None:
+            self._gaps.setdefault(s.id, []).extend([0.0] * zeros)
+        s.last_token_s = now
         if self.incremental and s.id in self._wkey_of:     # delivered after it was evicted (async scheduling)
             self._rekey(s)
 

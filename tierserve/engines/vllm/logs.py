@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 # `calibrate_from_iterations` reads the first five (prefill_attn_pairs = Σ chunk·(context + chunk/2) over the
@@ -17,41 +16,13 @@ WARMUP_STEPS = 2          # the engine's first batches pay one-time costs (lazy 
 FLUSH_EVERY_S = 1.0
 
 
-@dataclass(slots=True)
-class StepShape:
-    """One engine step as the execution-time model sees it (the simulator's `Replica` computes the same)."""
-
-    prefill_tokens: int = 0
-    prefill_attn_pairs: float = 0.0
-    decode_count: int = 0
-    decode_context_sum: int = 0
-    num_requests: int = 0
-    preemptions: int = 0
-
-    def add(self, num_tokens: int, computed_before: int, is_decode: bool) -> None:
-        self.num_requests += 1
-        if is_decode:
-            self.decode_count += 1
-            self.decode_context_sum += computed_before + 1
-        else:
-            self.prefill_tokens += num_tokens
-            self.prefill_attn_pairs += num_tokens * (computed_before + num_tokens * 0.5)
-
-
 class _Appender:
-    """A file written row by row, flushed at most once a second and on close (cheap on the step path)."""
+    """A file written on the engine's thread, opened for `IterationLog`'s batched rows or line by line."""
 
     def __init__(self, path: str | Path, line_buffered: bool = False) -> None:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         self.file = p.open("w", newline="", buffering=1 if line_buffered else -1)
-        self._flushed = time.monotonic()
-
-    def _maybe_flush(self) -> None:
-        now = time.monotonic()
-        if now - self._flushed >= FLUSH_EVERY_S:
-            self.file.flush()
-            self._flushed = now
 
     def close(self) -> None:
         if not self.file.closed:
@@ -59,19 +30,42 @@ class _Appender:
 
 
 class IterationLog(_Appender):
+    """One CSV row per engine step (`ITERATION_HEADER`). A step only appends its numbers; rows are formatted
+    and written when the log is flushed (at most once a second, when the engine goes idle, on close), so the
+    step path never formats."""
+
     def __init__(self, path: str | Path) -> None:
         super().__init__(path)
         self.writer = csv.writer(self.file)
         self.writer.writerow(ITERATION_HEADER)
         self.rows = 0
+        self._unwritten: list[tuple] = []
+        self._flushed = time.monotonic()
 
-    def write(self, step: int, shape: StepShape, measured_s: float) -> None:
+    def add(self, step: int, shape: tuple, measured_s: float) -> None:
+        """One step: `shape` is (prefill_tokens, prefill_attn_pairs, decode_count, decode_context_sum,
+        num_requests, preemptions), what `PolicyDriver.record_schedule` counted."""
         self.rows += 1
-        exclude = "warm-up: one of the engine's first batches" if self.rows <= WARMUP_STEPS else ""
-        self.writer.writerow((shape.prefill_tokens, round(shape.prefill_attn_pairs, 1), shape.decode_count,
-                              shape.decode_context_sum, round(measured_s * 1e3, 4), step, shape.num_requests,
-                              shape.preemptions, exclude))
-        self._maybe_flush()
+        self._unwritten.append((step, shape, measured_s))
+        if time.monotonic() - self._flushed >= FLUSH_EVERY_S:
+            self.flush()
+
+    def flush(self) -> None:
+        rows = self._unwritten
+        if rows:
+            first = self.rows - len(rows) + 1           # 1-based number of the first unwritten row
+            self.writer.writerows(
+                (pt, round(pairs, 1), dc, dcs, round(measured_s * 1e3, 4), step, nreq, pre,
+                 "warm-up: one of the engine's first batches" if first + i <= WARMUP_STEPS else "")
+                for i, (step, (pt, pairs, dc, dcs, nreq, pre), measured_s) in enumerate(rows))
+            rows.clear()
+        self.file.flush()
+        self._flushed = time.monotonic()
+
+    def close(self) -> None:
+        if not self.file.closed:
+            self.flush()
+        super().close()
 
 
 class DecisionLog(_Appender):

@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     if sched is not None and hasattr(sched, "tierserve"):
         result["scheduler"] = sched.tierserve.stats()
         result["waiting_order"] = "kept" if sched.tierserve.incremental else "full"
+        result["repeated_plans"] = sched.tierserve.repeated_plans     # steps that reused the previous plan
         sched.tierserve.close()
     (args.out / "results.json").write_text(json.dumps(result))
     print(json.dumps({"wall_s": round(wall, 3), "requests": len(records),

@@ -13,8 +13,9 @@ and token budget — vLLM reads `max_num_scheduled_tokens` at the top of its loo
 `_enqueue_waiting_request` (a request re-queued by vLLM itself).
 
 The waiting queue: where the driver keeps the policy's waiting order itself (`PolicyDriver.incremental`),
-`KeptWaitingQueue` shows vLLM's loop the step's admissions only and never reorders the rest; otherwise
-`PolicyWaitingQueue` is rebuilt in the policy's order every step (the full path).
+`KeptWaitingQueue` shows vLLM's loop the step's admissions only and never reorders the rest (so the plan's
+held-back list is not even built: `plan_step(..., held=False)`); otherwise `PolicyWaitingQueue` is rebuilt in the
+policy's order every step (the full path).
 """
 from __future__ import annotations
 
@@ -118,12 +119,13 @@ class TierScheduler(Scheduler):
         """`schedule` on the driver's kept waiting order: vLLM's loop sees only the plan's admissions."""
         t0 = time.perf_counter()
         d = self.tierserve
-        hints = d.plan_step(self.running, None, self.kv_cache_manager.block_pool.get_num_free_blocks())
-        stamp = time.monotonic()
-        for victim in hints.preempt:
-            self.running.remove(victim)
-            self._planned_victims.add(victim.request_id)
-            self._preempt_request(victim, stamp, drop_stale_output=self.requires_kv_delivery)   # joins the held
+        hints = d.plan_step(self.running, None, self.kv_cache_manager.block_pool.get_num_free_blocks(), held=False)
+        if hints.preempt:
+            stamp = time.monotonic()
+            for victim in hints.preempt:
+                self.running.remove(victim)
+                self._planned_victims.add(victim.request_id)
+                self._preempt_request(victim, stamp, drop_stale_output=self.requires_kv_delivery)   # joins the held
         self.running[:] = [r for r in hints.running if r.status == RequestStatus.RUNNING]
         self.max_num_scheduled_tokens = min(hints.budget, self.configured_token_budget)
         self.waiting.show(hints.admit)
