@@ -1,8 +1,9 @@
 """Iterations the executor starts without asking the policy give exactly what asking gives.
 
 A policy that names its steady plans (`decode_batch`: every running request decoding, nothing waiting;
-`repeats_prefill_chunk`: the same decodes beside one prefill's next chunk) lets the simulator start the next
-decode run or chunk iteration without calling `plan`. Every request, histogram (bins, counts and sums), the
+`repeats_prefill_chunk`: the same decodes beside one prefill's next chunk; `admits_waiting`: the decodes, then
+the waiting requests admitted) lets the simulator start the next decode run, chunk iteration or admission
+without calling `plan`. Every request, histogram (bins, counts and sums), the
 KV block-seconds and every statistic must be bit-identical to a run where `plan` is asked each time — and
 the skipping must really happen, or the comparison proves nothing.
 """
@@ -15,13 +16,13 @@ from tierserve.policies.local import LOCAL_POLICIES
 from tierserve.sim import ClusterConfig, simulate
 from test_sim_deferred_apply import fingerprint
 
-POLICIES = ["sarathi", "vllm", "vllm_v0"]      # the ones that declare their steady plans
+POLICIES = ["sarathi", "vllm", "vllm_priority", "vllm_v0"]      # the ones that declare their steady plans
 
 
 def run(policy: str, reqs, monkeypatch, skip: bool, **cfg) -> tuple:
     """One run; with `skip` False every plan is asked for (the policy's `plan` replaced on each instance by
     the same function, which its declarations must refuse). Returns the fingerprint and `plan` calls."""
-    cls = LOCAL_POLICIES.get_class(policy)
+    cls = next(c for c in LOCAL_POLICIES.get_class(policy).__mro__ if "plan" in c.__dict__)   # defines `plan`
     calls = {"plan": 0}
     original_plan = cls.plan
 
@@ -65,14 +66,31 @@ def test_starting_without_a_plan_equals_asking_for_it(policy, case, monkeypatch)
         assert skipped[3]["preemptions"] > 0          # the comparison covered evictions
     else:
         assert plans_skipped < 0.8 * plans_asked      # the plans were really skipped
+    if policy != "vllm_v0" and case != "pressure":     # admissions beside decodes start without a plan
+        assert plans_skipped < 0.5 * plans_asked
 
 
 def test_a_replaced_or_overridden_plan_gets_no_promise():
     for name in POLICIES:
         p = LOCAL_POLICIES.create(name)
         assert p.decode_batch([]) == []
+        assert (p.admits_waiting() is not None) == (name != "vllm_v0")
         p.plan = lambda view: None
-        assert p.decode_batch([]) is None and not p.repeats_prefill_chunk()
+        assert p.decode_batch([]) is None and not p.repeats_prefill_chunk() and p.admits_waiting() is None
     from tierserve.policies.local.sarathi_fcfs import SarathiFCFSPolicy   # a subclass with its own plan
     sub = SarathiFCFSPolicy()
-    assert sub.decode_batch([]) is None and not sub.repeats_prefill_chunk()
+    assert sub.decode_batch([]) is None and not sub.repeats_prefill_chunk() and sub.admits_waiting() is None
+    # v1 serving running requests in another order: neither its decode batch nor its admissions are promised
+    sorted_running = LOCAL_POLICIES.create("vllm_priority_sorted")
+    assert sorted_running.decode_batch([]) is None and sorted_running.admits_waiting() is None
+    assert LOCAL_POLICIES.create("vllm", long_prefill_threshold=64).admits_waiting() == 64
+
+
+def test_admissions_capped_by_long_prefill_threshold_equal_asking(monkeypatch):
+    # v1 caps each request's chunk: admissions started without a plan must cap it the same way
+    reqs = make_requests(300, rate=8.0, num_tiers=3, prompt=(20, 1500))
+    cfg = dict(num_replicas=2, local_policy_params={"long_prefill_threshold": 128})
+    skipped, plans_skipped = run("vllm", reqs, monkeypatch, True, **cfg)
+    asked, plans_asked = run("vllm", reqs, monkeypatch, False, **cfg)
+    assert skipped == asked
+    assert plans_skipped < 0.8 * plans_asked

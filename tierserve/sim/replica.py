@@ -23,6 +23,7 @@ from tierserve.sim.events import EventLoop
 RANK_ITERATION_END = 0   # an iteration that ends when a request arrives is applied before the arrival
 RANK_PLAN = 5            # an idle replica plans once everything else at this instant has happened
 _MAX_REPEAT, _REVISE_AT_S = BatchPlan().max_repeat, BatchPlan().revise_at_s    # a plan's defaults
+_MAX_CHUNK_RUN = 64      # iterations a chunk run times ahead (what a cut wastes is bounded by it)
 
 
 def prefill_attention_pairs(chunk: int, context_before: int) -> float:
@@ -70,6 +71,28 @@ class DecodeRun:
         self.pending: list[tuple[int, bool]] = []
 
 
+class ChunkRun:
+    """Iterations of the same decodes beside one prefill's next chunks, started as one (`_continue_chunk`
+    under a `repeats_prefill_chunk` policy): iteration j ends at ends[j], lasts durations[j] (as charged),
+    runs chunks[j] prompt tokens and first allocates p_needs[j] blocks to the prefill. Iteration 0 is
+    allocated and charged when the run starts; the rest is applied in one pass (`_chunks_catch_up`), after
+    which the iteration in flight ends as an ordinary one. Each iteration still ends with its own event
+    (`_chunks_tick`, scheduled when stepping would schedule it): `ended` counts them, and the event order —
+    ties and the events statistic included — is stepping's."""
+
+    __slots__ = ("batch", "start_s", "ends", "durations", "chunks", "p_needs", "ended")
+
+    def __init__(self, batch: list[tuple[RequestState, int]], start_s: float, ends: list[float],
+                 durations: list[float], chunks: list[int], p_needs: list[int]) -> None:
+        self.batch = batch
+        self.start_s = start_s
+        self.ends = ends
+        self.durations = durations
+        self.chunks = chunks
+        self.p_needs = p_needs
+        self.ended = 0
+
+
 class Replica:
     """Executor of one replica; its local policy reads it through `self.view` (a read-only `ReplicaView`)."""
 
@@ -113,6 +136,10 @@ class Replica:
         # iteration starts without a plan. `_decodes_then_prefill`: the batch in flight has that shape.
         self._repeats_chunk = policy.repeats_prefill_chunk() and not self._iteration_hook
         self._decodes_then_prefill = False
+        # The policy names its admissions beside running decodes (`admits_waiting`): after a decode run or an
+        # iteration that leaves only decodes, with requests waiting, the next starts without a plan.
+        self._admission_cap = policy.admits_waiting() if self._keeps_batch else None
+        self._chunks: ChunkRun | None = None      # chunk iterations in flight as one (see `ChunkRun`)
         self._hold_per_chunk = type(policy).blocks_to_hold is _hold_per_chunk
         self._hold_whole_prompt = type(policy).blocks_to_hold is _hold_whole_prompt
         self._plan_pending = False
@@ -173,6 +200,15 @@ class Replica:
     # ----- entry points -----
     def enqueue(self, state: RequestState, front: bool = False) -> None:
         """A request joins this replica's waiting queue (dispatch or migration of a queued request)."""
+        if self._chunks is not None and getattr(self.policy.on_arrival, "__func__", None) is LocalPolicy.on_arrival:
+            # No hook reads the state: the chunk run goes on (stepping, too, continues a chunk that takes
+            # the whole budget whatever waits) less a last, partial chunk, which the policy would now plan.
+            state.replica = self.index
+            if state.status != Status.SWAPPED:
+                state.status = Status.WAITING
+            self._join_waiting(state, front)
+            self._chunks_drop_partial()
+            return
         self._flush()                   # the policy's hook sees the state as of now
         state.replica = self.index
         if state.status != Status.SWAPPED:
@@ -190,6 +226,8 @@ class Replica:
                 self.loop.at(self.loop.now, RANK_PLAN, self._plan_if_idle)
         elif self._run is not None:
             self._truncate_run(self.loop.now, defer=True)
+        elif self._chunks is not None:
+            self._chunks_dissolve()
 
     def _plan_if_idle(self) -> None:
         self._plan_pending = False
@@ -201,6 +239,8 @@ class Replica:
         if factor != self.slowdown:
             if self._run is not None:
                 self._truncate_run(self.loop.now)
+            elif self._chunks is not None:
+                self._chunks_dissolve()
             self.slowdown = factor
 
     def sync(self) -> None:
@@ -209,12 +249,16 @@ class Replica:
         if run is not None:
             j = self._ended_by(run, self.loop.now)
             self._apply_run(run, j, j < len(run.ends))
+        elif self._chunks is not None:
+            self._chunks_dissolve()
 
     def _flush(self) -> None:
         """Apply the checkpoints a deferred cut left (the state as of that cut), before anything reads it."""
         run = self._run
         if run is not None and run.pending:
             self._apply_run(run, 0, False)
+        elif self._chunks is not None:
+            self._chunks_dissolve()
 
     @staticmethod
     def _ended_by(run: DecodeRun, now: float) -> int:
@@ -560,6 +604,12 @@ class Replica:
         batch, self._batch = self._batch, []
         if self._iteration_hook:
             self.policy.on_iteration_end([r for r, _ in batch], 1, dt, self.view)
+        self._after_iteration(now, batch, finished, prefilling, emitted, grow_next, ctx_next, rem_next)
+
+    def _after_iteration(self, now: float, batch: list[tuple[RequestState, int]], finished: list[RequestState],
+                         prefilling: bool, emitted: int, grow_next: list, ctx_next: int, rem_next: int) -> None:
+        """The end of a general iteration once its requests are applied: finishes, pauses, and what starts
+        next (`emitted`, `grow_next`, `ctx_next`, `rem_next`: the sums gathered over requests that go on)."""
         for r in finished:
             self._finish(r, now)
         epoch = self._running_epoch
@@ -569,31 +619,46 @@ class Replica:
         sums_next = (emitted if self._running_epoch == epoch else -1, grow_next, ctx_next, rem_next)
         if self._keeps_batch and not prefilling and self._continue_decodes(now, batch, held, sums_next):
             return
-        if self._repeats_chunk and not finished and self._continue_chunk(batch, now, sums_next):
+        if self._repeats_chunk and self._continue_chunk(batch, now, sums_next, finished):
+            return
+        if (self._admission_cap is not None and not prefilling and self.waiting
+                and sums_next[0] == len(self.running) and self._admit_waiting(sums_next, now)):
             return
         self._start_next()
 
-    def _continue_chunk(self, batch: list[tuple[RequestState, int]], now: float, sums_next: tuple) -> bool:
-        """After an iteration of decodes then one prefill chunk: start the next such iteration as
-        `_start_next` would from the plan a `repeats_prefill_chunk` policy returns — the same decodes, the
-        prefill's next chunk — when nothing waits (or the chunk takes the whole budget), no other request
-        runs and the blocks fit; `sums_next`: the decodes' sums from the iteration's pass. False (nothing
-        changed): plan instead."""
-        if not self._decodes_then_prefill or self.swapped or len(batch) != len(self.running):
+    def _continue_chunk(self, batch: list[tuple[RequestState, int]], now: float, sums_next: tuple,
+                        finished: list[RequestState]) -> bool:
+        """After an iteration whose last request is a prefill with tokens left and every other either emitted
+        a token (decodes, prompts completed) or finished: start the next iteration as `_start_next` would from
+        the plan a `repeats_prefill_chunk` policy returns — those that go on in the policy's decode order, the
+        prefill's next chunk — when nothing waits (or the chunk takes the whole budget), no other request runs
+        and the blocks fit; when one request waits and the chunk is the prompt's last, short of the budget,
+        also that request's first chunk (`admits_waiting`). `sums_next`: the sums of the iteration's pass
+        over those that go on. False (nothing changed): plan instead."""
+        if self.swapped or len(batch) - len(finished) != len(self.running):
             return False
         p, _ = batch[-1]
         pc = p.num_computed_tokens
         left = p.num_tokens - pc
         if left <= 1 and p.num_generated > 0:
             return False                # it decodes next: the policy plans
-        num_decodes = len(batch) - 1
-        emitted, grow, ctx, _ = sums_next
+        num_decodes = len(batch) - 1 - len(finished)
+        emitted, grow, ctx, rem_min = sums_next
         if emitted != num_decodes:
-            return False
+            return False                # another prefill goes on (or a request paused): the policy plans
+        order = None
+        if not self._decodes_then_prefill:
+            # Prompts completed in this batch: the decodes' order is the policy's, not the batch's.
+            order = self.policy.decode_batch([r for r, _ in batch[:-1] if r.status is not Status.FINISHED])
+            if order is None:
+                return False
         n = self.token_budget - num_decodes
+        admit = False
         if left < n:
             if self.waiting:
-                return False            # budget is left over for a waiting request: the policy plans
+                if self._admission_cap is None or self._swapped_in_waiting:
+                    return False        # budget is left over for waiting requests: the policy plans
+                admit = True
             n = left
         if n < 1:
             return False
@@ -606,31 +671,364 @@ class Replica:
         p_need = self.policy.blocks_to_hold(p, n, bs) - p.num_blocks
         if p_need > free:
             return False                # refused when allocated: let the plan path raise it
+        admitted = None
+        if admit:
+            if p_need > 0:
+                return False            # the policy's free blocks would not be the executor's: plan
+            admitted = self._admissions(free, self.token_budget - num_decodes - n, num_decodes + 1)
+            if admitted is None:
+                return False
+            for _, _, need in admitted:
+                free -= need
+        if order is not None:
+            batch = [(r, 1) for r in order]
+            batch.append((p, n))
+        elif finished:                  # the batch's order less the finished (p, prefilling, is not one)
+            batch = [entry for entry in batch if entry[0].status is not Status.FINISHED]
         # What `_allocate` does for this batch: blocks in batch order (all fit), the start of the iteration.
         for r, need in grow:
             r.num_blocks += need
         if p_need > 0:
             free -= p_need
             p.num_blocks += p_need
-        self.free_blocks = free
         for r, _ in batch:
             r.last_scheduled_s = now
+        pairs = 0.0
+        pairs += n * (pc + n * 0.5)
+        prefill_tokens = n
+        if admitted:
+            batch[-1] = (p, n)
+            tokens, pairs = self._admit(admitted, now, pairs)
+            batch += [(w, n_w) for w, n_w, _ in admitted]
+            prefill_tokens += tokens
+        self.free_blocks = free
         used = self.total_blocks - free
         if used > self.max_used_blocks:
             self.max_used_blocks = used
-        pairs = 0.0
-        pairs += n * (pc + n * 0.5)
-        dt = self.predictor.iteration_time(n, pairs, num_decodes, ctx)
+        dt = self.predictor.iteration_time(prefill_tokens, pairs, num_decodes, ctx)
         if self.slowdown != 1.0:
             dt *= self.slowdown
         dt += 0.0                       # no PCIe time: nothing swapped or preempted
-        batch[-1] = (p, n)
         self._batch = batch
         self._batch_start_s = now
         self._account(dt)
         self._version += 1
-        self.loop.at(now + dt, RANK_ITERATION_END, self._end_iteration, self._version)
+        end = now + dt
+        if admitted:                    # two prefills or more: an ordinary iteration (as `_allocate` says)
+            self._decodes_then_prefill = False
+            self.loop.at(end, RANK_ITERATION_END, self._end_iteration, self._version)
+            return True
+        batch[-1] = (p, n)
+        self._decodes_then_prefill = True
+        if (self.skip_ahead and rem_min > 1
+                and self._chunks_start(batch, pc + n, num_decodes, ctx, free, rem_min, now, dt, end)):
+            return True
+        self.loop.at(end, RANK_ITERATION_END, self._end_iteration, self._version)
         return True
+
+    # ----- chunk runs: the iterations `_continue_chunk` would start one by one, applied in one pass -----
+    def _chunks_start(self, batch: list[tuple[RequestState, int]], pc: int, num_decodes: int, ctx0: int,
+                      free: int, rem_min: int, start_s: float, dt0: float, end0: float) -> bool:
+        """Iteration 0 of `batch` (decodes, then a prefill chunk) has just started with `free` blocks left:
+        time the iterations `_continue_chunk` would start after it, with the same arithmetic, while it surely
+        would — up to the prompt's last chunk, the first decode's last token (`rem_min` tokens left each at
+        least), a partial chunk while something waits, and as long as the decodes' growth (≤ one block per
+        `block_size` iterations each) and the prefill's blocks surely fit in `free`; past that, stepping
+        checks exactly. `pc`: the prefill's computed tokens after iteration 0. True: a run of ≥ 2 started."""
+        if self._hold_whole_prompt:
+            per_chunk = False
+        elif self._hold_per_chunk:
+            per_chunk = True
+        else:
+            return False
+        p = batch[-1][0]
+        budget = self.token_budget - num_decodes
+        total = p.num_tokens
+        generated = p.num_generated
+        waiting = bool(self.waiting)
+        bs = self.block_size
+        p_blocks = p.num_blocks
+        predictor = self.predictor
+        slow = self.slowdown
+        ends, durations, chunks, p_needs = [end0], [dt0], [batch[-1][1]], [0]
+        t = end0
+        grown = 0                       # blocks the prefill takes after iteration 0
+        limit = rem_min if rem_min < _MAX_CHUNK_RUN else _MAX_CHUNK_RUN
+        j = 1
+        while j < limit:                # iteration j: every decode is still short of its last token
+            left = total - pc
+            if left < 1 or (left == 1 and generated > 0):
+                break                   # the prompt is done: it decodes next
+            n = budget
+            if left < n:
+                if waiting:
+                    break               # budget left over for a waiting request: the policy plans
+                n = left
+            if n < 1:
+                break
+            tokens = pc + n
+            if not per_chunk and tokens < total:
+                tokens = total
+            need = -(-tokens // bs) - p_blocks
+            if need < 0:
+                need = 0
+            if num_decodes * (-(-j // bs)) + grown + need > free:
+                break                   # might not fit: stepping checks it exactly
+            grown += need
+            p_blocks += need
+            pairs = 0.0
+            pairs += n * (pc + n * 0.5)
+            dt = predictor.iteration_time(n, pairs, num_decodes, ctx0 + num_decodes * j)
+            if slow != 1.0:
+                dt *= slow
+            dt += 0.0
+            t = t + dt
+            ends.append(t)
+            durations.append(dt)
+            chunks.append(n)
+            p_needs.append(need)
+            pc += n
+            j += 1
+        if j < 2:
+            return False
+        self._chunks = ChunkRun(batch, start_s, ends, durations, chunks, p_needs)
+        self._held_carry = None         # as iteration 0's end leaves it (`_end_iteration` drops it)
+        self.loop.at(end0, RANK_ITERATION_END, self._chunks_tick, self._version)
+        return True
+
+    def _chunks_tick(self, version: int) -> None:
+        """The end of a chunk run's iteration (`run.ended` of them before it)."""
+        if version != self._version:
+            return
+        run = self._chunks
+        if run is None:                 # dissolved while this iteration ran: it ends as an ordinary one
+            self._end_iteration(version)
+            return
+        j = run.ended + 1
+        ends = run.ends
+        if j == len(ends):
+            self._chunks_catch_up(run, j, True)     # every iteration, the last as `_end_iteration` ends it
+            return
+        run.ended = j
+        self.loop.at(ends[j], RANK_ITERATION_END, self._chunks_tick, version)
+
+    def _chunks_dissolve(self) -> None:
+        """Something reads or changes the state: bring it to what stepping has now (the iteration in flight
+        allocated); the pending tick then ends that iteration as an ordinary one."""
+        run = self._chunks
+        self._chunks_catch_up(run, run.ended, False)
+
+    def _chunks_drop_partial(self) -> None:
+        """A request now waits: a last chunk short of the budget would be planned, not repeated; drop it
+        unless it has started."""
+        run = self._chunks
+        chunks = run.chunks
+        if chunks[-1] >= self.token_budget - (len(run.batch) - 1):
+            return                      # every chunk takes the whole budget: stepping repeats them all
+        ends = run.ends
+        if run.ended == len(ends) - 1:
+            return                      # the last iteration has started
+        for seq in (ends, run.durations, chunks, run.p_needs):
+            seq.pop()
+        if len(ends) == 1:
+            self._chunks = None         # iteration 0 alone, in flight: an ordinary iteration (state current)
+
+    def _chunks_catch_up(self, run: ChunkRun, u: int, final: bool) -> None:
+        """Apply iterations 0 … u-1 of the run to every request, all as `_end_iteration` and `_continue_chunk`
+        would one by one (the same float operations in the same order). Not `final`: then start iteration u
+        (its blocks, the statistics of iterations 1 … u) and make it the ordinary one in flight. `final`
+        (u = every iteration, ended now): the last one ends as `_end_iteration` ends it, what follows too."""
+        self._chunks = None
+        if u == 0:
+            return                      # iteration 0 is `_batch` already, allocated and charged
+        batch = run.batch
+        p = batch[-1][0]
+        ends = run.ends
+        spans = [ends[0] - run.start_s]     # each iteration's `now - _batch_start_s`
+        shared_max = 0.0
+        prev = ends[0]
+        for j in range(1, u):
+            e = ends[j]
+            g = e - prev                # every decode's gap at iteration j (its last token came at ends[j-1])
+            prev = e
+            spans.append(g)
+            if g > shared_max:
+                shared_max = g
+        first_end = ends[0]
+        last = ends[u - 1]              # the decodes' last token
+        alloc_to = u - 1 if final else u                    # iterations 1 … alloc_to start here
+        scheduled_s = ends[alloc_to - 1]                    # the start of the last iteration started
+        hists = self.tbt
+        h0 = hists[0]
+        log_min, inv, min_value = h0._log_min, h0._inv_log_step, h0.min_value
+        last_gap, last_bin = -1.0, 0
+        # Iteration 0's gaps, as `_end_iteration` adds them: per tier in batch order, one bin per run of
+        # equal gaps (written back at each change and at the end).
+        pend = [0] * len(hists)
+        pend_any = False
+        sums = [h.sum for h in hists]
+        tier_decodes = [0] * len(hists)
+        bs = self.block_size
+        grow = [0] * (alloc_to + 1)     # blocks the decodes take as iteration a (1 … alloc_to) starts
+        one = u == 1
+        span0 = spans[0]
+        finished: list[RequestState] = []
+        emitted, grow_next, ctx_next, rem_next = 0, [], 0, 1 << 62   # as `_end_iteration` gathers them
+        p_index = len(batch) - 1
+        for i in range(p_index):
+            r = batch[i][0]
+            c0 = r.num_computed_tokens
+            c = c0 + u
+            r.num_computed_tokens = c
+            r.num_tokens += u
+            generated = r.num_generated + u
+            r.num_generated = generated
+            r.attained_tokens += u
+            r.service_tokens += u
+            if one:
+                r.service_s += span0
+            else:
+                service = r.service_s
+                for span in spans:
+                    service += span
+                r.service_s = service
+            r.last_scheduled_s = scheduled_s
+            gap = first_end - r.last_token_s
+            t = r.tier
+            if gap != last_gap:
+                if pend_any:
+                    _flush_bin(hists, last_bin, pend)
+                last_gap = gap
+                last_bin = int((log(gap) - log_min) * inv) if gap > min_value else 0
+            pend[t] += 1
+            pend_any = True
+            sums[t] += gap
+            tier_decodes[t] += 1
+            if shared_max > gap:
+                gap = shared_max
+            if gap > r.tbt_max_s:
+                r.tbt_max_s = gap
+            r.last_token_s = last
+            # Iteration a needs ceil((c0 + a + 1) / bs) blocks: one more than `blocks` from a = blocks·bs − c0.
+            blocks = r.num_blocks
+            a = blocks * bs - c0
+            if a <= alloc_to:
+                while a <= alloc_to:
+                    grow[a] += 1
+                    blocks += 1
+                    a += bs
+                r.num_blocks = blocks
+            if final:
+                rem = r._request.output_tokens - generated
+                if rem <= 0:
+                    finished.append(r)
+                else:
+                    emitted += 1
+                    ctx_next += c + 1
+                    if rem < rem_next:
+                        rem_next = rem
+                    need = -(-(c + 1) // bs) - blocks
+                    if need > 0:
+                        grow_next.append((r, need))
+        if pend_any:
+            _flush_bin(hists, last_bin, pend)
+        for h, total in zip(hists, sums):
+            h.sum = total
+        # Iterations 1 … u-1: one gap for every decode, added once per decode of each tier, in order.
+        for j in range(1, u):
+            g = spans[j]
+            b = int((log(g) - log_min) * inv) if g > min_value else 0
+            for t, c in enumerate(tier_decodes):
+                if c:
+                    h = hists[t]
+                    h.counts[b] = h.counts.get(b, 0) + c
+                    h.total += c
+                    total = h.sum
+                    for _ in range(c):
+                        total += g
+                    h.sum = total
+        # The prefill's chunks: only the run's last can be the prompt's last (it then emits, after the decodes).
+        chunks = run.chunks
+        pc = p.num_computed_tokens
+        prompt = p.prompt_tokens
+        service = p.service_s
+        tokens = 0
+        for j in range(u):
+            n = chunks[j]
+            c = pc + n
+            service += spans[j]
+            if pc < prompt:
+                attained_prompt = p.attained_tokens - p.num_generated
+                if c > attained_prompt:
+                    p.attained_tokens += (c if c < prompt else prompt) - attained_prompt
+            pc = c
+            tokens += n
+        p.num_computed_tokens = pc
+        p.service_tokens += tokens
+        p.service_s = service
+        p.last_scheduled_s = scheduled_s
+        # Iterations 1 … alloc_to start: blocks, then the statistics `_account` keeps, in iteration order.
+        p_needs, durations = run.p_needs, run.durations
+        free = self.free_blocks
+        total_blocks = self.total_blocks
+        max_used = self.max_used_blocks
+        busy, kv = self.busy_s, self.kv_block_seconds
+        p_blocks = p.num_blocks
+        for a in range(1, alloc_to + 1):
+            free -= grow[a] + p_needs[a]
+            p_blocks += p_needs[a]
+            used = total_blocks - free
+            if used > max_used:
+                max_used = used
+            dt = durations[a]
+            busy += dt
+            kv += used * dt
+        if free < 0:
+            raise AssertionError(f"replica {self.index}: KV over capacity during a chunk run")
+        p.num_blocks = p_blocks
+        self.free_blocks = free
+        self.max_used_blocks = max_used
+        self.busy_s, self.kv_block_seconds = busy, kv
+        self.iterations += alloc_to
+        if not final:
+            if pc >= p.num_tokens:
+                raise AssertionError(f"replica {self.index}: a chunk run passed request {p.id}'s last chunk")
+            batch[-1] = (p, chunks[u])
+            self._batch = batch
+            self._batch_start_s = last
+            return
+        batch[-1] = (p, chunks[u - 1])
+        prefilling = pc != p.num_tokens
+        if not prefilling:              # the prompt's last chunk: its token, as `_end_iteration` emits it
+            generated = p.num_generated + 1
+            p.num_generated = generated
+            p.num_tokens = pc + 1
+            p.attained_tokens += 1
+            if p.first_token_s < 0:
+                p.first_token_s = last
+            else:
+                gap = last - p.last_token_s
+                h = hists[p.tier]
+                b = int((log(gap) - log_min) * inv) if gap > min_value else 0
+                h.counts[b] = h.counts.get(b, 0) + 1
+                h.total += 1
+                h.sum += gap
+                if gap > p.tbt_max_s:
+                    p.tbt_max_s = gap
+            p.last_token_s = last
+            rem = p._request.output_tokens - generated
+            if rem <= 0:
+                finished.append(p)
+            else:
+                emitted += 1
+                ctx_next += pc + 1
+                if rem < rem_next:
+                    rem_next = rem
+                need = -(-(pc + 1) // bs) - p_blocks
+                if need > 0:
+                    grow_next.append((p, need))
+        self._batch = []
+        self._after_iteration(last, batch, finished, prefilling, emitted, grow_next, ctx_next, rem_next)
 
     def _finish(self, r: RequestState, now: float) -> None:
         self._leave_running(r)
@@ -1065,7 +1463,112 @@ class Replica:
             if carry[0] and self.waiting:   # kept for the decode run after an admission-only iteration
                 n, grow, ctx0, rem = carry
                 self._held_carry = (self._running_epoch, n, grow, ctx0, rem, _less(run.tier_counts, finished))
+                if self._admission_cap is not None and self._admit_waiting(carry, now):
+                    return
             self._start_next()
+
+    def _admissions(self, free: int, budget: int, num_seqs: int) -> list | None:
+        """The waiting requests an `admits_waiting` policy admits with `free` blocks (the decodes' next ones
+        taken), `budget` tokens and `num_seqs` requests scheduled: [(request, tokens, blocks)], in its order.
+        None: a case the promise does not cover (the policy must plan)."""
+        bs = self.block_size
+        hold = self.policy.blocks_to_hold
+        chunk_cap = self._admission_cap
+        watermark = self.watermark_blocks
+        max_seqs = self.max_num_seqs
+        admitted = []
+        for w in self.policy.order_waiting(self.waiting):
+            if num_seqs >= max_seqs or budget <= 0:
+                break
+            if w.status != Status.WAITING or w.replica != self.index:
+                return None
+            n = w.num_tokens - w.num_computed_tokens
+            if chunk_cap and n > chunk_cap:
+                n = chunk_cap
+            if n > budget:
+                n = budget
+            need = hold(w, n, bs) - w.num_blocks
+            if need > free - watermark:
+                break                   # the first that does not fit stops admission
+            if need < 0 or n < 1:
+                return None             # blocks or a chunk the plan path would treat otherwise
+            admitted.append((w, n, need))
+            free -= need
+            budget -= n
+            num_seqs += 1
+        return admitted
+
+    def _admit(self, admitted: list, now: float, pairs: float) -> tuple[int, float]:
+        """Admit `admitted` (from `_admissions`) as `_allocate` does, in order; returns their prefill tokens
+        and `pairs` (the batch's attention pairs before them) plus theirs, added in that order."""
+        prefill_tokens = 0
+        for w, n, need in admitted:
+            w.last_scheduled_s = now
+            prefill_tokens += n
+            pairs += n * (w.num_computed_tokens + n * 0.5)
+            w.num_blocks += need
+            self._leave_waiting(w)
+            w.status = Status.RUNNING
+            self._join_running(w)
+        self._admitted_all = False
+        return prefill_tokens, pairs
+
+    def _admit_waiting(self, sums: tuple, now: float) -> bool:
+        """With every running request decoding and requests waiting: start the iteration an `admits_waiting`
+        policy plans — the decodes, then the waiting requests it admits — as `_start_next` and `_allocate`
+        would, from the sums the last pass gathered over the running requests (`sums`), when nothing is
+        swapped, the cap and budget leave room, the decodes' blocks fit and at least one request is admitted;
+        after a single Sarathi admission a chunk run may follow. False (nothing changed): plan instead."""
+        n_dec, grow, ctx, rem_min = sums
+        if not n_dec or self.swapped or self._swapped_in_waiting or n_dec != len(self.running):
+            return False
+        budget = self.token_budget - n_dec
+        max_seqs = self.max_num_seqs
+        if n_dec > max_seqs or budget < 0:
+            return False                # not every decode is scheduled: the policy plans
+        free = self.free_blocks
+        for _, need in grow:
+            free -= need
+        if free < 0:
+            return False                # the policy evicts: let it plan
+        admitted = self._admissions(free, budget, n_dec)
+        if not admitted:
+            return False                # a decode-only plan (the policy repeats it), or not promised
+        for _, _, need in admitted:
+            free -= need
+        order = self.policy.decode_batch(self.running)
+        if order is None:
+            return False
+        # What `_allocate` does for this batch, in its order: blocks (all fit), the start, the admissions.
+        for r, need in grow:
+            r.num_blocks += need
+        for r in order:
+            r.last_scheduled_s = now
+        batch = [(r, 1) for r in order]
+        prefill_tokens, pairs = self._admit(admitted, now, 0.0)
+        batch += [(w, n) for w, n, _ in admitted]
+        self.free_blocks = free
+        used = self.total_blocks - free
+        if used > self.max_used_blocks:
+            self.max_used_blocks = used
+        w, n, _ = admitted[-1]
+        if self._repeats_chunk:         # as `_allocate` classifies the batch
+            self._decodes_then_prefill = len(admitted) == 1 and not (
+                n == 1 and w.num_tokens - w.num_computed_tokens == 1 and w.num_generated > 0)
+        dt = self.predictor.iteration_time(prefill_tokens, pairs, n_dec, ctx)
+        if self.slowdown != 1.0:
+            dt *= self.slowdown
+        dt += 0.0                       # no PCIe time: nothing swapped or preempted
+        self._batch = batch
+        self._batch_start_s = now
+        self._account(dt)
+        self._version += 1
+        end = now + dt
+        if (self._repeats_chunk and self._decodes_then_prefill and self.skip_ahead and rem_min > 1
+                and self._chunks_start(batch, w.num_computed_tokens + n, n_dec, ctx, free, rem_min, now, dt, end)):
+            return True
+        self.loop.at(end, RANK_ITERATION_END, self._end_iteration, self._version)
+        return True
 
     def _continue_run(self, run: DecodeRun, carry: tuple, finished: list[RequestState], now: float) -> bool:
         """After a decode run ends: start the next run from the policy's `decode_batch` — what `plan` would
@@ -1192,6 +1695,8 @@ class Replica:
         """True if `state` is part of the iteration (or decode run) executing now."""
         if self._run is not None:
             return state in self._run.batch
+        if self._chunks is not None:
+            return any(r is state for r, _ in self._chunks.batch)
         return any(r is state for r, _ in self._batch)
 
     def pause(self, state: RequestState, on_paused: Callable[[bool], None]) -> None:
@@ -1252,6 +1757,8 @@ class Replica:
         """
         if self._run is not None:
             self._truncate_run(self.loop.now)
+        elif self._chunks is not None:
+            self._chunks_dissolve()
         if n > self.free_blocks - self.watermark_blocks:
             return False
         self.free_blocks -= n

@@ -70,14 +70,30 @@ class LocalPolicy(ABC):
         return None
 
     def repeats_prefill_chunk(self) -> bool:
-        """True when `plan`, right after an iteration of decodes (one token each) followed by one prefill
-        chunk — with nothing swapped, no other request running, none of them finished, the decodes' next KV
-        blocks all free and that request still prefilling — returns the same decodes in the same order, then
-        that request's next chunk, min(tokens left, token_budget − decodes), and nothing else (no preemption
-        or relegation, not repeatable), both when nothing is waiting and when that chunk takes the whole
-        budget left. The simulator then starts that iteration without calling `plan`. Default False; answer
-        False for a `plan` other than the one described."""
+        """True when `plan`, right after an iteration whose last request ran a prefill chunk and still has
+        prompt left while every other request emitted a token (decodes, or prompts just completed) or finished —
+        with nothing swapped, no other request running and the next KV blocks of those that go on all free —
+        returns those in `decode_batch` order (the batch's own order when they all were decodes already), one
+        token each, then that request's next chunk, min(tokens left, token_budget − decodes), and nothing else
+        (no preemption or relegation, not repeatable), both when nothing is waiting and when that chunk takes
+        the whole budget left (see also `admits_waiting`). The simulator then starts that iteration without
+        calling `plan`. Default False; answer False for a `plan` other than the one described."""
         return False
+
+    def admits_waiting(self) -> int | None:
+        """A promise on admission; None (the default): no promise. Otherwise `plan`, with every running request
+        decoding (their next KV blocks all free, fewer of them than max_num_seqs and the token budget) and
+        nothing swapped or swapped out, returns the running requests in `decode_batch` order, one token each,
+        then waiting requests in `order_waiting` order, each min(tokens left, the returned cap if > 0, budget
+        left), while fewer than max_num_seqs requests are scheduled and budget is left, stopping at the first
+        whose blocks (`blocks_to_hold`) exceed the free blocks less the decodes' next blocks, the earlier
+        admissions' and `watermark_blocks`; nothing else (no preemption or relegation, not repeatable). With
+        `repeats_prefill_chunk` also: after the iteration that promise describes, when the prefill's next chunk
+        is its last and short of the budget and one request waits, that chunk is followed by the waiting
+        request's (as above, in the budget left; the prefill holds its whole prompt's blocks). The simulator
+        then starts those iterations without calling `plan`; answer None for a `plan` other than the one
+        described."""
+        return None
 
     def max_request_tokens(self) -> int | None:
         """Largest prompt+output this policy can ever serve (None: bounded by KV capacity only)."""

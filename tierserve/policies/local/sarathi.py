@@ -31,6 +31,11 @@ class SarathiPolicy(LocalPolicy):
         # Decodes (oldest first), then partial prefills, then waiting ones get what budget the partials leave.
         return getattr(self.plan, "__func__", None) is SarathiPolicy.plan
 
+    def admits_waiting(self) -> int | None:
+        # Decodes first (the fast loop: neither cap nor budget binds), then waiting requests FCFS, each while
+        # its whole prompt's blocks fit above the watermark; no per-request chunk cap but the budget.
+        return 0 if getattr(self.plan, "__func__", None) is SarathiPolicy.plan else None
+
     def plan(self, view: ReplicaView) -> BatchPlan:
         bs = view.block_size
         free = view.free_blocks

@@ -55,6 +55,16 @@ class VLLMPolicy(LocalPolicy):
             return None
         return list(running)
 
+    def admits_waiting(self) -> int | None:
+        # The budget loop over decodes (none evicted when their blocks fit), then `resumable` (swapped first:
+        # none) in `order_waiting` order, each capped by long_prefill_threshold; the first that does not fit
+        # stops admission.
+        if (getattr(self.plan, "__func__", None) is not VLLMPolicy.plan
+                or type(self).running_order is not VLLMPolicy.running_order
+                or type(self).resumable is not VLLMPolicy.resumable):
+            return None
+        return self.long_prefill_threshold
+
     def running_order(self, running: Sequence[RequestState]) -> Sequence[RequestState]:
         """Order of service among running requests (v1: admission order)."""
         return running
