@@ -50,16 +50,13 @@ The machine is shared: timings are noisy. Read medians of interleaved repeats, a
 """
 from __future__ import annotations
 
-import argparse
-import csv
 import json
 import os
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+# argparse, csv, statistics, subprocess and tempfile are imported where used: a measured child (whole process)
+# must not pay for the parent's tools.
 
 HERE = Path(__file__).resolve()
 SCENARIOS = {"vllm": ("vllm_v0", 4096), "sarathi": ("sarathi", 512)}
@@ -84,21 +81,22 @@ def reference_dir(kind: str, n: int) -> Path | None:
 # ----- children: one run each, in a fresh process -----
 def child_vidur_scenario(kind: str, n: int, requests_dir: str, outdir: str) -> dict:
     t_import = time.perf_counter()
-    from tierserve.metrics import RequestTable, summarize
+    from tierserve.metrics import RequestTable, TokenTBT, summarize
     from tierserve.metrics.io import write_outputs
-    from tierserve.experiments.scenario import token_tbt
     from tierserve.core import TierSet
     from tierserve.sim import ClusterConfig, simulate
     from tierserve.workload import read_vidur_run
     t0 = time.perf_counter()
     requests = read_vidur_run(requests_dir)
     if len(requests) < n:           # no reference run of this size: the requests repeated, shifted in time
+        from itertools import cycle
         from tierserve.core import Request
+        from tierserve.core.gc_tuning import collect_less_often
         span = requests[-1].arrival_s + 1.0 / 4.0
-        base = requests
-        requests = [Request(i, base[i % len(base)].arrival_s + span * (i // len(base)),
-                            base[i % len(base)].prompt_tokens, base[i % len(base)].output_tokens)
-                    for i in range(n)]
+        m = len(requests)
+        with collect_less_often():  # as the trace readers build theirs: all kept, no cycles
+            requests = requests + [Request(i, r.arrival_s + span * (i // m), r.prompt_tokens, r.output_tokens)
+                                   for i, r in zip(range(m, n), cycle(requests))]   # the first m as read
     local, budget = SCENARIOS[kind]
     cfg = ClusterConfig(num_replicas=1, local_policy=local, cluster_policy="round_robin",
                         replica={"model": "Llama-3-8B", "gpu": "A100-80GB", "tp": 1, "exec_mode": "vidur_parity",
@@ -108,7 +106,7 @@ def child_vidur_scenario(kind: str, n: int, requests_dir: str, outdir: str) -> d
     sim = simulate(cfg, requests)
     t2 = time.perf_counter()
     table = RequestTable.from_states(sim.states, sim.reasons)
-    summary = summarize(table, token_tbt(sim), sim.duration_s, TierSet.default(1),
+    summary = summarize(table, TokenTBT.from_histograms(sim.tbt_by_tier), sim.duration_s, TierSet.default(1),
                         {k: v for k, v in sim.stats.items() if k != "wall_s"})
     write_outputs(outdir, table, summary, cfg.model_dump(mode="json"))
     t3 = time.perf_counter()
@@ -154,6 +152,7 @@ def scale(sizes: list[int], replicas: int, records: str) -> bool:
           f"3 tiers, azure2023_conv lengths; records: {records}; whole process)")
     print(f"   {'requests':>10} {'peak RSS MB':>11} {'wall s':>9} {'cpu s':>9} {'cpu us/req':>10} {'events':>10} "
           f"{'cpu us/ev':>9} {'accounted':>10} {'files MB':>9}")
+    import tempfile
     rows = {}
     for n in sizes:
         with tempfile.TemporaryDirectory() as tmp:
@@ -181,6 +180,7 @@ def scale(sizes: list[int], replicas: int, records: str) -> bool:
 def run_child(args: list[str]) -> dict:
     """Run this file as a child: whole-process wall from here; its CPU (user + sys since start, imports
     included) and peak RSS from its own getrusage at exit."""
+    import subprocess
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, str(HERE), "--child", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -197,6 +197,8 @@ def run_child(args: list[str]) -> dict:
 
 def run_measured(cmd: list[str], cwd: str | None = None) -> dict:
     """Whole-process wall, CPU (user + sys) and peak RSS of any command."""
+    import subprocess
+    import tempfile
     with tempfile.TemporaryFile() as errf:   # a file, not a pipe: a full pipe would block the child during wait4
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=errf)
@@ -293,6 +295,8 @@ def vidur_setup(py: str, vdir: str) -> dict:
 
 
 def vidur_recorded(kind: str, n: int) -> dict | None:
+    import csv
+    import statistics
     d = reference_dir(kind, 1000)
     if d is None:
         return None
@@ -309,6 +313,8 @@ def vidur_recorded(kind: str, n: int) -> dict | None:
 
 
 def compare_with_vidur(sizes: list[int], repeats: int, kinds: list[str] | None = None) -> None:
+    import statistics
+    import tempfile
     py, vdir = os.environ.get("VIDUR_PYTHON"), os.environ.get("VIDUR_DIR")
     live = bool(py and vdir)
     print("1. tierserve vs Vidur, Vidur's reference scenarios, same requests; whole process (import, read, "
@@ -429,7 +435,25 @@ def scaling(stacks: list[tuple[str, str]], sizes: list[int], replica_counts: lis
     return ok
 
 
+def child_main(args: list[str]) -> int:
+    """One measured run (`--child KIND ARGS...`): prints its record, with this process's CPU and peak RSS."""
+    kind, *rest = args
+    rec = (child_vidur_scenario(rest[0], int(rest[1]), rest[2], rest[3]) if kind == "scenario"
+           else child_scale(int(rest[0]), int(rest[1]), rest[2], rest[3]) if kind == "scale"
+           else child_stack(rest[0], rest[1], int(rest[2]), int(rest[3])))
+    import resource
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    rec["_cpu_s"] = ru.ru_utime + ru.ru_stime
+    rec["_rss_mb"] = ru.ru_maxrss / 1024
+    print(json.dumps(rec))
+    return 0
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--child"]:       # before argparse: the child's measured CPU should not include it
+        return child_main(argv[1:])
+    import argparse
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1000,10000,50000", help="Vidur-scenario sizes")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved runs per Vidur-scenario size")
@@ -446,19 +470,7 @@ def main(argv=None) -> int:
     ap.add_argument("--scale-n", default="100000,1000000,10000000", help="requests per --scale run")
     ap.add_argument("--scale-replicas", type=int, default=16)
     ap.add_argument("--scale-records", default="parquet", help="csv | parquet (parquet needs pyarrow)")
-    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.child:
-        kind, *rest = args.child
-        rec = (child_vidur_scenario(rest[0], int(rest[1]), rest[2], rest[3]) if kind == "scenario"
-               else child_scale(int(rest[0]), int(rest[1]), rest[2], rest[3]) if kind == "scale"
-               else child_stack(rest[0], rest[1], int(rest[2]), int(rest[3])))
-        import resource
-        ru = resource.getrusage(resource.RUSAGE_SELF)
-        rec["_cpu_s"] = ru.ru_utime + ru.ru_stime
-        rec["_rss_mb"] = ru.ru_maxrss / 1024
-        print(json.dumps(rec))
-        return 0
     if args.scale:
         return 0 if scale([int(x) for x in args.scale_n.split(",")], args.scale_replicas, args.scale_records) else 1
     if not args.no_vidur:

@@ -28,6 +28,7 @@ from typing import Any, BinaryIO
 
 from tierserve.core import limits
 from tierserve.core.errors import ConfigError, InputError
+from tierserve.core.gc_tuning import collect_less_often
 
 _CHUNK = 1 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -197,12 +198,24 @@ def read_csv_table(path: str | Path, required: tuple[str, ...] = (), *, error: t
     src = str(path)
     cell_limit = limits.CELL_CHARS.value
     row_limit = max_rows.value if max_rows is not None else None
-    with open_lines(path, error=error, gzip_ok=gzip_ok) as lines:
+    strip = str.strip
+    with open_lines(path, error=error, gzip_ok=gzip_ok) as lines, collect_less_often():
         reader = csv.reader(lines)
         header: list[str] | None = None
+        width = 0               # the header's cells, once read (> 1: a full row cannot be a blank line)
         rows: list[list[str]] = []
         try:
             for rec in reader:
+                if len(rec) == width > 1:                      # the common case, checked as below in fewer steps
+                    rec = list(map(strip, rec))
+                    if max(map(len, rec)) > cell_limit:
+                        raise error(src, len(rows) + 1, "<cell>", f"{max(map(len, rec))} characters",
+                                    limits.CELL_CHARS.allowed())
+                    if row_limit is not None and len(rows) >= row_limit:
+                        raise error(src, len(rows) + 1, "<rows>", f"more than {row_limit:,} rows",
+                                    max_rows.allowed())  # type: ignore[union-attr]
+                    rows.append(rec)
+                    continue
                 if not rec or (len(rec) == 1 and rec[0] != "" and not rec[0].strip()):
                     continue                                   # a blank (or whitespace-only) line is not a row
                 rec = [c.strip() for c in rec]
@@ -213,6 +226,7 @@ def read_csv_table(path: str | Path, required: tuple[str, ...] = (), *, error: t
                 if header is None:
                     _check_header(src, rec, error)
                     header = rec
+                    width = len(rec)
                     continue
                 if len(rec) != len(header):
                     more = "more" if len(rec) > len(header) else "fewer"

@@ -105,13 +105,7 @@ def should_stream(cfg: ScenarioConfig, stream: bool | None = None) -> bool:
 
 def token_tbt(sim: SimResult) -> TokenTBT:
     """The simulator's per-tier TBT histograms as weighted samples."""
-    values, tiers, weights = [], [], []
-    for tier, hist in enumerate(sim.tbt_by_tier):
-        v, c = hist.items()
-        values += v
-        weights += c
-        tiers += [tier] * len(v)
-    return TokenTBT(values, tiers, weights)
+    return TokenTBT.from_histograms(sim.tbt_by_tier)
 
 
 def run_scenario(cfg: ScenarioConfig, predictor=None, progress=None, *, stream: bool = False,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Iterable, Mapping
+from operator import attrgetter
 from pathlib import Path
 
 import numpy as np
@@ -81,21 +82,30 @@ class RequestTable:
         """One row per state; `reasons` maps request id -> why it was rejected or censored."""
         states = list(states)
         reasons = reasons or {}
-        reqs = [request_of(s) for s in states]
+        reqs = list(map(request_of, states))
         slos = [r.slo for r in reqs]
         nan = math.nan
-        # -1 timestamps (never happened) and unset targets become NaN; outcome from status and relegation
-        finished, rejected = Status.FINISHED, Status.REJECTED
-        relegated, done = int(Outcome.RELEGATED), int(Outcome.FINISHED)
-        rejected_code, censored = int(Outcome.REJECTED), int(Outcome.CENSORED)
+
+        def times(name: str) -> NDArray[np.float64]:
+            """A timestamp column; -1 (never happened) becomes NaN."""
+            col = np.array(list(map(attrgetter(name), states)), dtype=np.float64)
+            col[col < 0] = nan
+            return col
+
+        relegated_s = times("relegated_s")
+        status = np.array(list(map(attrgetter("status"), states)), dtype=np.int64)
+        # outcome from status and relegation: finished (relegated or not), rejected, or censored (the rest)
+        outcome = np.where(status == Status.FINISHED,
+                           np.where(relegated_s >= 0, int(Outcome.RELEGATED), int(Outcome.FINISHED)),
+                           np.where(status == Status.REJECTED, int(Outcome.REJECTED), int(Outcome.CENSORED)))
         cols = {
             "id": [r.id for r in reqs],
             "tier": [r.tier for r in reqs],
             "app": [r.app for r in reqs],
             "arrival_s": [r.arrival_s for r in reqs],
-            "dispatch_s": [x if (x := s.dispatch_s) >= 0 else nan for s in states],
-            "first_token_s": [x if (x := s.first_token_s) >= 0 else nan for s in states],
-            "finish_s": [x if (x := s.finish_s) >= 0 else nan for s in states],
+            "dispatch_s": times("dispatch_s"),
+            "first_token_s": times("first_token_s"),
+            "finish_s": times("finish_s"),
             "prompt_tokens": [r.prompt_tokens for r in reqs],
             "output_tokens": [r.output_tokens for r in reqs],
             "generated_tokens": [s.num_generated for s in states],
@@ -103,10 +113,10 @@ class RequestTable:
             "swaps": [s.num_swaps for s in states],
             "migrations": [s.num_migrations for s in states],
             "replica": [s.replica for s in states],
-            "outcome": [(relegated if s.relegated_s >= 0 else done) if (st := s.status) == finished
-                        else rejected_code if st == rejected else censored for s in states],
-            "reason": [reasons.get(s.id) or s.relegation_reason for s in states],
-            "relegated_s": [x if (x := s.relegated_s) >= 0 else nan for s in states],
+            "outcome": outcome,
+            "reason": ([reasons.get(s.id) or s.relegation_reason for s in states] if reasons
+                       else [s.relegation_reason for s in states]),
+            "relegated_s": relegated_s,
             "tbt_max_s": [s.tbt_max_s for s in states],
             "ttft_slo_s": [nan if (x := o.ttft_s) is None else float(x) for o in slos],
             "tbt_slo_s": [nan if (x := o.tbt_s) is None else float(x) for o in slos],
@@ -151,7 +161,8 @@ class RequestTable:
     @property
     def tiers(self) -> list[int]:
         """Tier indices present, ascending."""
-        return [int(t) for t in np.unique(self._cols["tier"])]
+        # a set, not np.unique: np.unique imports numpy.ma on first use (~40 ms of a plain run's start)
+        return sorted(set(self._cols["tier"].tolist()))
 
     # ---- outcomes -----------------------------------------------------------------------------------
     @property
@@ -239,34 +250,31 @@ class RequestTable:
         """Write all stored columns; floats as repr (exact round trip), NaN as 'nan'."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        # repr of Python floats/ints is the shortest exact text; tolist() converts numpy scalars in bulk
-        text_cols = []
+        n = len(self)
+        text_cols: list[list[str]] = []
+        constants: list[str | None] = []          # per column: its text when every row has the same, else None
         plain = True            # every field is a str that csv would write unquoted: rows are joined directly
-        float_texts: dict[bytes, list[str]] = {}     # a float column bit-identical to an earlier one: its text
+        done: dict[tuple[str, bytes], tuple[list[str], str | None]] = {}   # a column bit-identical to an earlier
         for name, dtype in COLUMNS.items():
             arr = self._cols[name]
-            if dtype is np.float64:
-                key = arr.tobytes()
-                col = float_texts.get(key)
-                if col is None:
-                    col = float_texts[key] = (["nan"] * arr.size if np.isnan(arr).all()
-                                              else list(map(repr, arr.tolist())))
-                text_cols.append(col)
-                continue
-            col = arr.tolist()
             if dtype is object:
+                col = arr.tolist()
                 if plain and col:
                     joined = "\x00".join(col) if set(map(type, col)) == {str} else ","
                     plain = not any(ch in joined for ch in ',"\r\n')
+                const = col[0] if plain and n and col.count(col[0]) == n else None
             else:
-                col = list(map(str, col))      # ints (and the int8 outcome) as csv writes them
+                key = (arr.dtype.str, arr.tobytes())
+                if key not in done:
+                    done[key] = _float_texts(arr) if dtype is np.float64 else _int_texts(arr)
+                col, const = done[key]
             text_cols.append(col)
+            constants.append(const)
         with path.open("w", newline="", encoding="utf-8") as f:
             if plain:           # csv.writer's output for these rows, byte for byte (QUOTE_MINIMAL, "\r\n")
                 f.write(",".join(COLUMNS.keys()) + "\r\n")
-                if text_cols[0]:
-                    f.write("\r\n".join(map(",".join, zip(*text_cols))))
-                    f.write("\r\n")
+                if n:
+                    f.write(_join_rows(text_cols, constants, n))
             else:
                 w = csv.writer(f)
                 w.writerow(COLUMNS.keys())
@@ -327,6 +335,64 @@ class RequestTable:
         return True
 
 
+# ---- CSV text of columns (exactly what the csv module writes for them) ----------------------------------------
+# A column's text is (one str per row, the common text when all rows share it or None); str/repr of the same
+# Python values as `csv.writer` would get, only computed once per distinct value where values repeat.
+
+_SAMPLE_ROWS = 1024      # a float column whose first rows are mostly distinct is written one repr a row
+
+
+def _float_texts(arr: NDArray[np.float64]) -> tuple[list[str], str | None]:
+    n = arr.size
+    if n == 0:
+        return [], None
+    bits = arr.view(np.int64)                     # by bit pattern: -0.0 and 0.0 (and NaN payloads) kept apart
+    if (bits == bits[0]).all():
+        text = repr(arr[0].item())
+        return [text] * n, text
+    head = bits[:_SAMPLE_ROWS].tolist()
+    if 2 * len(set(head)) > len(head):            # mostly distinct (timestamps): one repr a row
+        return list(map(repr, arr.tolist())), None
+    bits = bits.tolist()
+    keys = list(dict.fromkeys(bits))
+    text_of = dict(zip(keys, map(repr, np.array(keys, dtype=np.int64).view(np.float64).tolist())))
+    return list(map(text_of.__getitem__, bits)), None
+
+
+def _int_texts(arr: np.ndarray) -> tuple[list[str], str | None]:
+    n = arr.size
+    if n == 0:
+        return [], None
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo == hi:
+        text = str(lo)
+        return [text] * n, text
+    if hi - lo < n // 2:                          # few possible values: each one's text made once
+        texts = list(map(str, range(lo, hi + 1)))
+        return list(map(texts.__getitem__, (arr.astype(np.int64) - lo).tolist())), None
+    return list(map(str, arr.tolist())), None
+
+
+def _join_rows(text_cols: list[list[str]], constants: list[str | None], n: int) -> str:
+    """The rows, each ending in "\r\n": neighbouring constant columns are joined once, a constant run at the
+    start or end of the row becomes a prefix/suffix of every row (fewer fields to join per row)."""
+    segments: list[list[str] | str] = []        # a column's texts, or the text of a run of constant columns
+    for col, const in zip(text_cols, constants):
+        if const is None:
+            segments.append(col)
+        elif segments and isinstance(segments[-1], str):
+            segments[-1] += "," + const
+        else:
+            segments.append(const)
+    prefix = segments.pop(0) + "," if isinstance(segments[0], str) and len(segments) > 1 else ""
+    suffix = "," + segments.pop() if isinstance(segments[-1], str) and len(segments) > 1 else ""
+    if len(segments) == 1 and isinstance(segments[0], str):         # every column constant
+        return (prefix + segments[0] + suffix + "\r\n") * n
+    columns = [[seg] * n if isinstance(seg, str) else seg for seg in segments]
+    rows = map(",".join, zip(*columns)) if len(columns) > 1 else iter(columns[0])
+    return prefix + (suffix + "\r\n" + prefix).join(rows) + suffix + "\r\n"
+
+
 class TokenTBT:
     """Token-level time-between-tokens samples: `weights[i]` tokens of tier `tiers[i]` had gap `values[i]` s."""
 
@@ -344,6 +410,20 @@ class TokenTBT:
     @classmethod
     def empty(cls) -> TokenTBT:
         return cls([], [], [])
+
+    @classmethod
+    def from_histograms(cls, hists: Iterable) -> TokenTBT:
+        """The samples of per-tier TBT histograms (`LogHistogram`, tier = position): bin centres weighted by
+        their counts."""
+        values: list[float] = []
+        tiers: list[int] = []
+        weights: list[int] = []
+        for tier, hist in enumerate(hists):
+            v, c = hist.items()
+            values += v
+            weights += c
+            tiers += [tier] * len(v)
+        return cls(values, tiers, weights)
 
     def __len__(self) -> int:
         return int(self.values.size)

@@ -387,7 +387,7 @@ class RunRecorder:
                 extras: Mapping[str, Any] | None = None) -> RunSummary:
         names = _tier_names(tier_names, sorted(self.accs))
         goals = ({t.index: t.slo.attainment for t in tier_names} if isinstance(tier_names, TierSet) else {})
-        tbt = _token_tbt(tbt_by_tier)
+        tbt = TokenTBT.from_histograms(tbt_by_tier)
         out: dict[str, TierSummary] = {}
         total = _TierAcc()
         for t in sorted(self.accs):
@@ -414,16 +414,6 @@ class RunRecorder:
         streams = {names.get(k, f"tier{k}"): k for k in keys}
         streams[ALL] = None
         return spool_verdicts(self._spool_path, self._spool_n, end_s, streams, **rule)
-
-
-def _token_tbt(hists: Sequence[LogHistogram]) -> TokenTBT:
-    values, tiers, weights = [], [], []
-    for tier, hist in enumerate(hists):
-        v, c = hist.items()
-        values += v
-        weights += c
-        tiers += [tier] * len(v)
-    return TokenTBT(values, tiers, weights)
 
 
 def spool_verdicts(path: Path, n_rows: int, end_s: float, streams: Mapping[str, int | None], *,

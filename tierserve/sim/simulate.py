@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from itertools import islice
+from operator import attrgetter, le
 from typing import Sequence
 
 from tierserve.core import Request, RequestState, Status
+from tierserve.core.gc_tuning import collect_less_often
 from tierserve.core.histogram import LogHistogram
 from tierserve.hardware.specs import engine_defaults, get_model
 from tierserve.hardware.memory import kv_bytes_per_token, kv_capacity_blocks, swap_time_s
@@ -104,13 +107,23 @@ def simulate(cfg: ClusterConfig, requests: Sequence[Request], num_tiers: int = 1
     then be any forward-read sequence (a `RequestStream`): its order is checked as it is read, and every tier
     must be below `num_tiers`.
     """
+    with collect_less_often():
+        return _simulate(cfg, requests, num_tiers, seed, predictor, progress, sink)
+
+
+def _simulate(cfg: ClusterConfig, requests: Sequence[Request], num_tiers: int, seed: int, predictor, progress,
+              sink) -> SimResult:
     if sink is None or isinstance(requests, (list, tuple)):
-        for i in range(1, len(requests)):
-            if requests[i].arrival_s < requests[i - 1].arrival_s:
+        arrivals = list(map(attrgetter("arrival_s"), requests))
+        if not all(map(le, arrivals, islice(arrivals, 1, None))):         # then find the first, to name it
+            i = next((i for i in range(1, len(arrivals)) if arrivals[i] < arrivals[i - 1]), None)
+            if i is not None:
                 raise ValueError(f"requests must be sorted by arrival: request {requests[i].id} arrives at "
                                  f"{requests[i].arrival_s} before request {requests[i - 1].id} at "
                                  f"{requests[i - 1].arrival_s}")
-        num_tiers = max([num_tiers] + [r.tier + 1 for r in requests])
+        tiers = list(map(attrgetter("tier"), requests))
+        if tiers:
+            num_tiers = max(num_tiers, max(tiers) + 1)
     else:
         requests = _CheckedStream(requests, num_tiers)
     wall0 = time.perf_counter()

@@ -8,6 +8,7 @@ changing one section leaves the others' draws unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import repeat
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from tierserve.core import limits
 from tierserve.core.errors import ConfigError, config_error_from_validation
 from tierserve.core.files import read_mapping
+from tierserve.core.gc_tuning import collect_less_often
 from tierserve.core.limits import MAX_TIME_S, MAX_TOKENS, Float, Int
 from tierserve.core.request import Request
 from tierserve.core.slo import SLO, Tier, TierSet
@@ -436,6 +438,19 @@ class RequestStream:
                        output_tokens=int(outputs[j]), tier=t, slo=self.tier_set[t].slo,
                        app=apps[j] if apps is not None else "")
 
+    def _block_requests(self, cols: tuple) -> list[Request]:
+        """Every request of one generated block, as `_request` makes them one by one (columns read as lists:
+        no numpy scalar per field)."""
+        lo, times, prompts, outputs, tiers, apps = cols
+        tier_list = np.asarray(tiers).astype(np.int64, copy=False).tolist()
+        slo_of = {t: self.tier_set[t].slo for t in dict.fromkeys(tier_list)}
+        return [Request(id=i, arrival_s=t_s, prompt_tokens=p, output_tokens=o, tier=t, slo=slo_of[t], app=a)
+                for i, t_s, p, o, t, a in zip(
+                    range(lo, lo + len(times)), np.asarray(times, dtype=np.float64).tolist(),
+                    np.asarray(prompts).astype(np.int64, copy=False).tolist(),
+                    np.asarray(outputs).astype(np.int64, copy=False).tolist(), tier_list,
+                    apps if apps is not None else repeat(""))]
+
     def __getitem__(self, i: int) -> Request:
         last = self._last
         if last is not None and last.id == i:
@@ -460,7 +475,10 @@ class RequestStream:
 def build_workload(cfg: WorkloadConfig, seed: int | None = None) -> Workload:
     """Requests for `cfg` (sorted by arrival, ids 0..n-1), deterministic for a seed (default cfg.seed)."""
     stream = RequestStream(cfg, seed)
-    reqs = list(stream)
+    reqs = []
+    with collect_less_often():          # every request is kept: nothing for the collector to find
+        for cols in stream._blocks:
+            reqs += stream._block_requests(cols)
     return Workload(reqs, stream.tier_set, stream.num_clipped, stream.num_clamped)
 
 

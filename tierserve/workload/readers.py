@@ -16,11 +16,13 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 
 from tierserve.core import limits
 from tierserve.core.errors import ConfigError, TraceError
 from tierserve.core.files import CsvTable, open_lines, read_csv_table
+from tierserve.core.gc_tuning import collect_less_often
 from tierserve.core.limits import MAX_TIME_S, MAX_TOKENS
 from tierserve.core.request import Request
 
@@ -64,6 +66,19 @@ def _float_or_none(text: str) -> float | None:
 
 def _parse_float(src: str, row: int, name: str, raw: object) -> float:
     """A finite number from a CSV cell (plain decimal text) or a JSON value (a number, never a boolean)."""
+    if type(raw) is str and raw.isascii() and "_" not in raw:      # the common case, parsed once
+        try:
+            v = float(raw)
+        except ValueError:
+            pass
+        else:
+            if v - v == 0.0:        # finite: inf - inf and NaN - NaN are NaN; the rest is told below
+                return v
+    return _parse_float_checked(src, row, name, raw)
+
+
+def _parse_float_checked(src: str, row: int, name: str, raw: object) -> float:
+    """`_parse_float`, every case told apart (the errors)."""
     if type(raw) is str and raw.isascii() and "_" not in raw and _float_or_none(raw) is not None:
         v = float(raw)        # the common case; with no "_" and ASCII only, float() reads exactly _NUMBER's forms
     elif isinstance(raw, str):
@@ -99,7 +114,17 @@ def _parse_time(src: str, row: int, name: str, raw: object, scale: float = 1.0) 
 
 
 def _parse_tokens(src: str, row: int, name: str, raw: object, minimum: int) -> int:
-    v = _parse_float(src, row, name, raw)
+    # the common case: plain ASCII digits within the bounds (at most 10 of them: MAX_TOKENS has 10)
+    if type(raw) is str and len(raw) <= 10 and raw.isdigit() and raw.isascii():
+        n = int(raw)
+        if minimum <= n <= MAX_TOKENS:
+            return n
+    return _parse_tokens_checked(src, row, name, raw, minimum)
+
+
+def _parse_tokens_checked(src: str, row: int, name: str, raw: object, minimum: int) -> int:
+    """`_parse_tokens`, every value through the general float parser (the errors)."""
+    v = _parse_float_checked(src, row, name, raw)
     if v != int(v):
         raise TraceError(src, row, name, raw, "token count must be an integer")
     if v < 0:
@@ -138,6 +163,38 @@ def _check_min_output(min_output: int | None) -> None:
     if min_output is not None and (isinstance(min_output, bool) or not isinstance(min_output, int)
                                    or not 1 <= min_output <= MAX_TOKENS):
         raise ConfigError("min_output", min_output, "None (error on output 0) or an integer >= 1")
+
+
+# ---- whole columns at once ----------------------------------------------------------------------------------
+# A column whose every cell is plain (what the cell-by-cell parsers accept without a question) is parsed in one
+# pass; None otherwise, and the caller parses cell by cell, which names the first bad cell as before.
+
+def _bulk_tokens(cells: list[str], minimum: int) -> list[int] | None:
+    """int(cell) for each cell when all are ASCII digit strings (at most 10) within [minimum, MAX_TOKENS]."""
+    if not cells or not all(cells) or max(map(len, cells)) > 10:
+        return None
+    joined = "".join(cells)
+    if not (joined.isascii() and joined.isdigit()):
+        return None
+    values = list(map(int, cells))
+    return values if minimum <= min(values) and max(values) <= MAX_TOKENS else None
+
+
+def _bulk_times(cells: list[str]) -> list[float] | None:
+    """float(cell) for each cell when all are ASCII number texts without "_" and every time is in
+    [0, MAX_TIME_S] (`_parse_time` with scale 1)."""
+    if not cells or not all(cells):
+        return None
+    joined = "".join(cells)
+    if not joined.isascii() or "_" in joined:
+        return None
+    try:
+        values = list(map(float, cells))
+    except ValueError:
+        return None
+    if not all(map(math.isfinite, values)) or min(values) < 0 or max(values) > MAX_TIME_S:
+        return None
+    return values
 
 
 # ---- row sources ------------------------------------------------------------------------------------------
@@ -182,6 +239,10 @@ def _parse_columnar(path: Path, cols: tuple[str, str, str | None], *, num_tiers:
     ti = t.index("tier") if optional_tier and t.has("tier") else None
     api = t.index("app") if optional_app and t.has("app") else None
     out = ReadResult(source=src)
+    rows = _plain_columnar_rows(t.rows, pi, oi, ai, ti, api, num_tiers)
+    if rows is not None:
+        out.rows = _finish(rows, src, sort, a_col is not None)
+        return out
     for i, rec in enumerate(t.rows, start=1):
         arrival = None
         if ai is not None:
@@ -194,6 +255,32 @@ def _parse_columnar(path: Path, cols: tuple[str, str, str | None], *, num_tiers:
         out.rows.append(TraceRow(arrival, prompt, output, tier, app))
     out.rows = _finish(out.rows, src, sort, a_col is not None)
     return out
+
+
+def _plain_columnar_rows(recs: list[list[str]], pi: int, oi: int, ai: int | None, ti: int | None,
+                         api: int | None, num_tiers: int | None) -> list[TraceRow] | None:
+    """`_parse_columnar`'s rows, a column at a time, when every cell is plain and no output needs clamping."""
+    prompts = _bulk_tokens([r[pi] for r in recs], 1)
+    outputs = _bulk_tokens([r[oi] for r in recs], 1) if prompts is not None else None
+    if outputs is None:
+        return None
+    if ai is None:
+        arrivals: list[float] | list[None] = [None] * len(recs)
+    else:
+        times = _bulk_times([r[ai] for r in recs])
+        if times is None:
+            return None
+        arrivals = times
+    if ti is None:
+        tiers: list[int] | list[None] = [None] * len(recs)
+    else:
+        k = num_tiers if num_tiers is not None else limits.TIERS.value
+        tier_values = _bulk_tokens([r[ti] for r in recs], 0)
+        if tier_values is None or max(tier_values) >= k:
+            return None
+        tiers = tier_values
+    apps = [r[api] for r in recs] if api is not None else repeat("")
+    return list(map(TraceRow, arrivals, prompts, outputs, tiers, apps))
 
 
 # ---- public readers (rows) ------------------------------------------------------------------------------
@@ -327,8 +414,12 @@ def read_vidur_run_rows(run_dir: str | Path, *, min_output: int | None = None) -
         raise TraceError(asrc, None, "<rows>", len(at.rows),
                          f"arrival series has {len(at.rows)} rows but request_metrics has {len(mt.rows)}")
     ri, pi, di = (mt.index(c) for c in ("Request Id", "request_num_prefill_tokens", "request_num_decode_tokens"))
-    by_id: dict[int, tuple[int, int]] = {}
     out = ReadResult(source=msrc)
+    rows = _plain_vidur_run_rows(mt.rows, ri, pi, di, at.rows, at.index("Time (sec)"))
+    if rows is not None:
+        out.rows = _finish(rows, asrc, False, True)
+        return out
+    by_id: dict[int, tuple[int, int]] = {}
     for i, rec in enumerate(mt.rows, start=1):
         rid = _parse_tokens(msrc, i, "Request Id", _cell(msrc, i, rec, ri, "Request Id"), 0)
         if rid in by_id:
@@ -348,6 +439,24 @@ def read_vidur_run_rows(run_dir: str | Path, *, min_output: int | None = None) -
         out.rows.append(TraceRow(t, prompt, output))
     out.rows = _finish(out.rows, asrc, False, True)
     return out
+
+
+def _plain_vidur_run_rows(metric_recs: list[list[str]], ri: int, pi: int, di: int, arrival_recs: list[list[str]],
+                          ti: int) -> list[TraceRow] | None:
+    """`read_vidur_run_rows`' rows, a column at a time, when every cell is plain, the ids are exactly 0..n-1
+    and no output needs clamping."""
+    ids = _bulk_tokens([r[ri] for r in metric_recs], 0)
+    if ids is None or sorted(ids) != list(range(len(ids))):
+        return None
+    prompts = _bulk_tokens([r[pi] for r in metric_recs], 1)
+    outputs = _bulk_tokens([r[di] for r in metric_recs], 1) if prompts is not None else None
+    times = _bulk_times([r[ti] for r in arrival_recs]) if outputs is not None else None
+    if times is None:
+        return None
+    row_of_id = [0] * len(ids)
+    for row, rid in enumerate(ids):
+        row_of_id[rid] = row
+    return [TraceRow(t, prompts[row], outputs[row]) for t, row in zip(times, row_of_id)]
 
 
 def read_rows(path: str | Path, fmt: str, *, num_tiers: int | None = None, min_output: int | None = None,
@@ -386,8 +495,9 @@ def rows_to_requests(rows: list[TraceRow], source: str = "trace") -> list[Reques
 def read_trace(path: str | Path, fmt: str = "csv", *, num_tiers: int | None = None,
                min_output: int | None = None, sort: bool = False) -> list[Request]:
     """Read any supported trace into requests sorted by arrival, ids 0..n-1 (tier 0 when the file has none)."""
-    res = read_rows(path, fmt, num_tiers=num_tiers, min_output=min_output, sort=sort)
-    return rows_to_requests(res.rows, res.source)
+    with collect_less_often():          # rows and requests are all kept: nothing for the collector to find
+        res = read_rows(path, fmt, num_tiers=num_tiers, min_output=min_output, sort=sort)
+        return rows_to_requests(res.rows, res.source)
 
 
 def read_csv(path: str | Path, **kw) -> list[Request]:
