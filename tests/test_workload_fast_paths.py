@@ -12,7 +12,6 @@ import pytest
 from tierserve.core.errors import TraceError
 from tierserve.core.files import read_csv_table
 from tierserve.core.gc_tuning import RUN_GEN0_THRESHOLD, collect_less_often
-from tierserve.core.limits import MAX_TOKENS
 from tierserve.workload import readers
 from tierserve.workload.config import RequestStream, WorkloadConfig, build_workload
 
