@@ -174,6 +174,17 @@ def test_which_policies_keep_their_waiting_order():
             return sorted(waiting, key=lambda s: (s.relegated, s.tier, s.arrival_s, s.id))
 
     assert fixed_waiting_key(WithHook()) is None and fixed_waiting_key(OwnOrder()) is None
+
+    def relegated_last(s):
+        return (s.relegated, s.tier, s.arrival_s, s.id)
+
+    class DeclaredOrder(VLLMPriorityPolicy):        # its own order, and the key it promises
+        waiting_order_key = staticmethod(relegated_last)
+
+        def order_waiting(self, waiting):
+            return sorted(waiting, key=relegated_last)
+
+    assert fixed_waiting_key(DeclaredOrder()) is relegated_last
     p = VLLMPriorityPolicy()
     p.order_waiting = lambda waiting: waiting
     assert fixed_waiting_key(p) is None

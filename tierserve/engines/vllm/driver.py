@@ -44,9 +44,7 @@ from typing import Any, Callable, Mapping, Sequence
 from tierserve.core import (AllocationRule, ConfigError, PreemptMode, Request, RequestState, Status)
 from tierserve.policies.local import LOCAL_POLICIES, LocalPolicy, PolicyError, ReplicaView
 from tierserve.policies.local.llumlet import LlumletPolicy
-from tierserve.policies.local.sarathi_edf import deadline_key
-from tierserve.policies.local.vllm import VLLMPolicy, VLLMPriorityPolicy, priority_key_fast
-from tierserve.policies.local.vllm_edf import VLLMDeadlinePolicy
+from tierserve.policies.local.vllm import VLLMPolicy
 from tierserve.engines.vllm.logs import DecisionLog, IterationLog, RequestLog
 from tierserve.engines.vllm.mapping import request_meta
 from tierserve.engines.vllm.predictor import make_predictor
@@ -105,12 +103,12 @@ def fixed_waiting_key(policy: LocalPolicy) -> Callable[[RequestState], Any] | No
 
     Kept only when (a) the plan reads the waiting queue solely through `order_waiting` and admits a prefix of
     that order (vLLM v1's `VLLMPolicy.plan`/`resumable`, or llumlet's wrapper of it), (b) no hook of the
-    policy's could change a state behind the driver's back, and (c) the key moves only with what the driver
-    itself updates (and re-keys on). vllm_priority, vllm_priority_sorted and llumlet without promotion:
-    (tier, arrival, id), fixed at entry. vllm_edf: (prefill deadline, arrival, id), which moves with
-    num_generated (synced at preemption) and first_token_s (delivered tokens) only. llumlet with
-    `promote_after_s` re-ranks waiting requests as time passes, and any subclass or other policy may do
-    anything: they take the full path.
+    policy's could change a state behind the driver's back, and (c) the policy declares the key
+    (`LocalPolicy.waiting_order_key`), which moves only with what the driver itself updates (and re-keys on).
+    vllm_priority, vllm_priority_sorted and llumlet without promotion: (tier, arrival, id), fixed at entry.
+    vllm_edf: (prefill deadline, arrival, id), which moves with num_generated (synced at preemption) and
+    first_token_s (delivered tokens) only. llumlet with `promote_after_s` re-ranks waiting requests as time
+    passes and declares no key; so does any policy that has not declared one: they take the full path.
     """
     cls = type(policy)
     own = getattr(policy, "__dict__", {})
@@ -120,14 +118,15 @@ def fixed_waiting_key(policy: LocalPolicy) -> Callable[[RequestState], Any] | No
         return None
     if any(getattr(cls, h) is not getattr(LocalPolicy, h) for h in _HOOKS):
         return None
-    order = cls.order_waiting
-    if order is VLLMPriorityPolicy.order_waiting:
-        return priority_key_fast
-    if order is VLLMDeadlinePolicy.order_waiting:
-        return deadline_key
-    if order is LlumletPolicy.order_waiting and not policy.promote_after_s:
-        return priority_key_fast
-    return None
+    key = getattr(policy, "waiting_order_key", None)
+    if key is None:
+        return None
+    # the key is declared by the class that defines `order_waiting`, or below it: a subclass that overrides
+    # `order_waiting` without redeclaring the key has not promised it
+    owner = cls.__mro__.index(next(c for c in cls.__mro__ if "order_waiting" in c.__dict__))
+    if not any("waiting_order_key" in c.__dict__ for c in cls.__mro__[:owner + 1]):
+        return None
+    return key
 
 
 @dataclass(slots=True)

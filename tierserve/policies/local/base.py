@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from tierserve.core import AllocationRule, BatchPlan, PreemptMode, RequestState
 from tierserve.policies.local.view import IterationPredictor, Oracle, ReplicaView
@@ -34,6 +34,10 @@ class LocalPolicy(ABC):
     needs_oracle: bool = False
     follows_engine_defaults: bool = False   # token budget / max_num_seqs default to vLLM's per-GPU choice
     max_model_len: int = 0          # MAX_LENGTH allocation reserves this many tokens per request
+    # The key `order_waiting` sorts by, where a waiting request's key moves only with its own num_generated,
+    # first_token_s or relegation, so an engine may keep that order between plans; None: no such promise.
+    # Declared by the class that defines `order_waiting` (a subclass overriding `order_waiting` redeclares it).
+    waiting_order_key: Callable[[RequestState], Any] | None = None
 
     @abstractmethod
     def plan(self, view: ReplicaView) -> BatchPlan:

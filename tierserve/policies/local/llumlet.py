@@ -16,6 +16,7 @@ from tierserve.policies.local.vllm import VLLMPrioritySortedPolicy, priority_key
 
 class LlumletPolicy(VLLMPrioritySortedPolicy):
     name = "llumlet"
+    waiting_order_key = priority_key_fast
 
     def __init__(self, promote_after_s: float | None = None, promote_floor: int = 1, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -24,6 +25,8 @@ class LlumletPolicy(VLLMPrioritySortedPolicy):
         if not (isinstance(promote_floor, int) and promote_floor >= 0):
             raise ConfigError("promote_floor", promote_floor, "an integer tier >= 0")
         self.promote_after_s = promote_after_s
+        if promote_after_s:
+            self.waiting_order_key = None        # promotion re-ranks waiting requests as time passes
         self.promote_floor = promote_floor
         self._now = 0.0
 

@@ -166,6 +166,7 @@ class VLLMPriorityPolicy(VLLMPolicy):
     """vLLM v1 with `scheduling_policy=priority`: priority = tier (0 is served first)."""
 
     name = "vllm_priority"
+    waiting_order_key = priority_key_fast       # an attrgetter: not bound as a method
 
     def victim_index(self, running: list[RequestState], i: int) -> int:
         worst = 0

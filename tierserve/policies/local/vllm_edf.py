@@ -23,6 +23,7 @@ class VLLMDeadlinePolicy(VLLMPolicy):
     """vLLM v1 with the waiting queue by earliest deadline (then arrival) and the latest deadline evicted."""
 
     name = "vllm_edf"
+    waiting_order_key = staticmethod(deadline_key)
 
     def victim_index(self, running: list[RequestState], i: int) -> int:
         worst = 0
