@@ -12,16 +12,9 @@ import pytest
 from tierserve.engines.vllm import EngineSettings, PolicyDriver
 from tierserve.engines.vllm.logs import ITERATION_HEADER, WARMUP_STEPS, IterationLog
 from tierserve.policies.local.vllm import VLLMPolicy
+from test_engine_vllm_incremental import Clock
 
 BLOCK = 16
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def request(i: int, tier: int, prompt: int):
