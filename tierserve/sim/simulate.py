@@ -116,11 +116,10 @@ def _simulate(cfg: ClusterConfig, requests: Sequence[Request], num_tiers: int, s
     if sink is None or isinstance(requests, (list, tuple)):
         arrivals = list(map(attrgetter("arrival_s"), requests))
         if not all(map(le, arrivals, islice(arrivals, 1, None))):         # then find the first, to name it
-            i = next((i for i in range(1, len(arrivals)) if arrivals[i] < arrivals[i - 1]), None)
-            if i is not None:
-                raise ValueError(f"requests must be sorted by arrival: request {requests[i].id} arrives at "
-                                 f"{requests[i].arrival_s} before request {requests[i - 1].id} at "
-                                 f"{requests[i - 1].arrival_s}")
+            i = next(i for i in range(1, len(arrivals)) if arrivals[i] < arrivals[i - 1])
+            raise ValueError(f"requests must be sorted by arrival: request {requests[i].id} arrives at "
+                             f"{requests[i].arrival_s} before request {requests[i - 1].id} at "
+                             f"{requests[i - 1].arrival_s}")
         tiers = list(map(attrgetter("tier"), requests))
         if tiers:
             num_tiers = max(num_tiers, max(tiers) + 1)
