@@ -10,7 +10,9 @@ import pytest
 
 from tierserve.core import SLO, Outcome, Request, RequestState, Status, request_of
 from tierserve.metrics.records import COLUMNS, RequestTable
+from tierserve.core.paths import shared_data
 from tierserve.metrics.stats import latency_stats
+from tierserve.workload.lengths import DATASETS
 from test_sim_output_bytes import csv_module_bytes
 
 
@@ -128,6 +130,8 @@ def test_from_states_equals_row_by_row(tmp_path, reasons):
     assert ours.to_csv(tmp_path / "a.csv").read_bytes() == ref.to_csv(tmp_path / "b.csv").read_bytes()
 
 
+@pytest.mark.skipif(shared_data(*DATASETS["azure2023_conv"][0]) is None,
+                    reason="../shared/data absent: the empirical azure2023_conv lengths skipped")
 def test_from_states_of_a_run_equals_row_by_row():
     from tierserve.sim import ClusterConfig, simulate
     from tierserve.workload import WorkloadConfig, build_workload
