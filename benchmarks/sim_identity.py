@@ -2,6 +2,10 @@
 byte for byte.
 
     python benchmarks/sim_identity.py --base /path/to/frozen/tree [--work .] [--quick] [--keep DIR]
+    python benchmarks/sim_identity.py --native-vs-pure [--work .] [--quick]
+
+The second form compares one tree's compiled hot path (mypyc, tierserve/_native.py) with the same sources run
+as Python (TIERSERVE_PURE_PYTHON=1); each child checks that it runs the mode it was asked for.
 
 Each tree runs every stack in a fresh `python` with that tree first on `sys.path`, writing per stack the run's
 `requests.csv` (the streamed stack writes it as requests end), `summary.json`, `summary_by_tier.csv` and
@@ -28,13 +32,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 
 
-def _workload(n: int, rate: float) -> dict:
+def _workload(n: int, rate: float, fit_lengths: bool = False) -> dict:
+    # fit_lengths: the embedded fit to the same dataset (no ../shared needed, e.g. in CI's tests)
+    kind = "fit" if fit_lengths else "empirical"
     return {"num_requests": n, "arrivals": {"kind": "poisson", "rate": rate},
-            "lengths": {"kind": "empirical", "dataset": "azure2023_conv", "max_total_tokens": 4096},
+            "lengths": {"kind": kind, "dataset": "azure2023_conv", "max_total_tokens": 4096},
             "tiers": {"num_tiers": 3, "mix": "uniform"}}
 
 
-def stacks(quick: bool) -> dict[str, dict]:
+def stacks(quick: bool, fit_lengths: bool = False) -> dict[str, dict]:
     """name -> scenario dict. Loads are above the 2-replica capacity (~8-10 req/s) so queues and preemption occur."""
     from tierserve.policies.local import LOCAL_POLICIES
     n = 300 if quick else 1500
@@ -42,43 +48,43 @@ def stacks(quick: bool) -> dict[str, dict]:
     for local in LOCAL_POLICIES.names:
         out[f"{local}+round_robin"] = {"seed": 7, "cluster": {"num_replicas": 2, "local_policy": local,
                                                               "cluster_policy": "round_robin"},
-                                       "workload": _workload(n, 14.0)}
+                                       "workload": _workload(n, 14.0, fit_lengths)}
     for cluster in ("llumnix", "llumnix_k", "llumnix_k_adaptive"):
         out[f"llumlet+{cluster}"] = {"seed": 3, "cluster": {"num_replicas": 4, "local_policy": "llumlet",
                                                             "cluster_policy": cluster,
                                                             "cluster_policy_params": {"num_tiers": 3}},
-                                     "workload": _workload(2 * n, 30.0)}
+                                     "workload": _workload(2 * n, 30.0, fit_lengths)}
         # A small KV: preemptions and live migrations (committed and aborted) happen.
         out[f"llumlet+{cluster}_small_kv"] = {"seed": 3, "cluster": {
             "num_replicas": 4, "local_policy": "llumlet", "cluster_policy": cluster,
             "cluster_policy_params": {"num_tiers": 3}, "replica": {"num_blocks": 900}},
-            "workload": _workload(2 * n, 30.0)}
+            "workload": _workload(2 * n, 30.0, fit_lengths)}
     for cluster in ("jsq", "infaas", "random"):
         out[f"sarathi+{cluster}"] = {"seed": 5, "cluster": {"num_replicas": 4, "local_policy": "sarathi",
                                                             "cluster_policy": cluster},
-                                     "workload": _workload(2 * n, 22.0)}
+                                     "workload": _workload(2 * n, 22.0, fit_lengths)}
     out["vllm_swap_small_kv"] = {"seed": 11, "cluster": {
         "num_replicas": 2, "local_policy": "vllm", "local_policy_params": {"preempt_mode": "swap"},
-        "replica": {"num_blocks": 900, "swap_space_gib": 0.05}}, "workload": _workload(n, 12.0)}
+        "replica": {"num_blocks": 900, "swap_space_gib": 0.05}}, "workload": _workload(n, 12.0, fit_lengths)}
     out["vllm_recompute_small_kv"] = {"seed": 12, "cluster": {
-        "num_replicas": 2, "local_policy": "vllm", "replica": {"num_blocks": 700}}, "workload": _workload(n, 12.0)}
+        "num_replicas": 2, "local_policy": "vllm", "replica": {"num_blocks": 700}}, "workload": _workload(n, 12.0, fit_lengths)}
     out["vllm_v0_vidur_parity"] = {"seed": 13, "cluster": {
         "num_replicas": 1, "local_policy": "vllm_v0", "replica": {"exec_mode": "vidur_parity", "token_budget": 4096,
                                                                  "max_num_seqs": 128}},
-        "workload": _workload(n, 5.0)}
+        "workload": _workload(n, 5.0, fit_lengths)}
     out["sarathi_no_skip"] = {"seed": 14, "cluster": {"num_replicas": 2, "local_policy": "sarathi",
-                                                      "skip_ahead": False}, "workload": _workload(n // 2, 14.0)}
+                                                      "skip_ahead": False}, "workload": _workload(n // 2, 14.0, fit_lengths)}
     out["vllm_time_limit"] = {"seed": 15, "cluster": {"num_replicas": 2, "local_policy": "vllm",
-                                                      "time_limit_s": 60.0}, "workload": _workload(n, 14.0)}
+                                                      "time_limit_s": 60.0}, "workload": _workload(n, 14.0, fit_lengths)}
     out["vllm_streamed"] = {"seed": 16, "cluster": {"num_replicas": 3, "local_policy": "vllm"},
-                            "workload": _workload(n, 18.0), "_stream": True}
+                            "workload": _workload(n, 18.0, fit_lengths), "_stream": True}
     return out
 
 
-def child(outroot: str, quick: bool, only: list[str] | None) -> None:
+def child(outroot: str, quick: bool, only: list[str] | None, fit_lengths: bool = False) -> None:
     """Run every stack in this interpreter (the tree under test is first on sys.path)."""
     from tierserve.experiments.scenario import ScenarioConfig, run_scenario, write_result
-    for name, spec in stacks(quick).items():
+    for name, spec in stacks(quick, fit_lengths).items():
         if only and name not in only:
             continue
         spec = dict(spec)
@@ -96,10 +102,16 @@ def child(outroot: str, quick: bool, only: list[str] | None) -> None:
         print(name, flush=True)
 
 
-def run_tree(tree: Path, outroot: Path, quick: bool, only: list[str] | None) -> None:
+def run_tree(tree: Path, outroot: Path, quick: bool, only: list[str] | None, native: bool | None = None,
+             fit_lengths: bool = False) -> None:
+    """Run the stacks in `tree`; `native` True/False: require the compiled / the pure-Python hot path."""
     env = dict(os.environ, PYTHONPATH=str(tree), PYTHONHASHSEED="0")
+    env.pop("TIERSERVE_PURE_PYTHON", None)
+    if native is False:
+        env["TIERSERVE_PURE_PYTHON"] = "1"
     cmd = [sys.executable, str(HERE), "--child", str(outroot), "--tree", str(tree)] + (["--quick"] if quick else []) \
-        + (["--only", ",".join(only)] if only else [])
+        + (["--only", ",".join(only)] if only else []) + ([] if native is None else ["--require-native", str(native)]) \
+        + (["--fit-lengths"] if fit_lengths else [])
     proc = subprocess.run(cmd, cwd=str(tree), env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"tree {tree} failed:\n{proc.stderr[-3000:]}")
@@ -128,29 +140,48 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default=None, help="comma-separated stack names")
     ap.add_argument("--keep", default=None, help="write the outputs here instead of a temporary folder; "
                     "the base tree's outputs found there are reused (same --quick/--only only)")
+    ap.add_argument("--native-vs-pure", action="store_true",
+                    help="compare --work's compiled hot path with its pure-Python sources (no --base)")
+    ap.add_argument("--fit-lengths", action="store_true",
+                    help="lengths from the embedded azure2023_conv fit instead of the dataset in ../shared")
+    ap.add_argument("--list", action="store_true", help="print the stack names and stop")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--require-native", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--tree", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     only = args.only.split(",") if args.only else None
+    if args.list:
+        print("\n".join(stacks(True, True)))
+        return 0
     if args.child:
         import tierserve
         imported = Path(tierserve.__file__).resolve().parent.parent
         if imported != Path(args.tree).resolve():       # an editable install must not shadow the tree under test
             raise SystemExit(f"imported tierserve from {imported}, not {args.tree}")
-        child(args.child, args.quick, only)
+        from tierserve import _native
+        if args.require_native is not None and str(_native.NATIVE_IN_USE) != args.require_native:
+            raise SystemExit(f"asked for native={args.require_native}, running {_native.REASON}")
+        child(args.child, args.quick, only, args.fit_lengths)
         return 0
-    if not args.base:
-        ap.error("--base is required (a frozen copy of the tree before the change)")
-    base, work = Path(args.base).resolve(), Path(args.work).resolve()
+    if args.native_vs_pure:
+        if args.base:
+            ap.error("--native-vs-pure compares --work with itself: no --base")
+        work = base = Path(args.work).resolve()
+        runs = (("base", base, False), ("work", work, True))      # base = pure Python, work = compiled
+    elif not args.base:
+        ap.error("--base is required (a frozen copy of the tree before the change), or --native-vs-pure")
+    else:
+        base, work = Path(args.base).resolve(), Path(args.work).resolve()
+        runs = (("base", base, None), ("work", work, None))
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.keep) if args.keep else Path(tmp)
-        for label, tree in (("base", base), ("work", work)):
+        for label, tree, native in runs:
             if label == "base" and args.keep and (root / label).is_dir():
                 continue                   # the frozen tree's outputs from an earlier call (--keep)
             if (root / label).exists():
                 import shutil
                 shutil.rmtree(root / label)
-            run_tree(tree, root / label, args.quick, only)
+            run_tree(tree, root / label, args.quick, only, native, args.fit_lengths)
         diffs = compare(root / "base", root / "work")
         n = len(list((root / "base").iterdir()))
     if diffs:
@@ -158,7 +189,8 @@ def main(argv=None) -> int:
         for d in diffs:
             print("  " + d)
         return 1
-    print(f"IDENTICAL: {n} stacks, every output file byte for byte ({base} vs {work})")
+    what = f"pure Python vs compiled, {work}" if args.native_vs_pure else f"{base} vs {work}"
+    print(f"IDENTICAL: {n} stacks, every output file byte for byte ({what})")
     return 0
 
 

@@ -5,7 +5,18 @@ import random
 
 import pytest
 
+from tierserve import _native
 from tierserve.core import Request
+
+
+def pytest_collection_modifyitems(config, items):
+    """With the compiled hot path in use, tests that patch its classes run in a pure-Python process instead."""
+    if not _native.NATIVE_IN_USE:
+        return
+    skip = pytest.mark.skip(reason="patches compiled classes: tests/test_native.py runs it with TIERSERVE_PURE_PYTHON=1")
+    for item in items:
+        if item.get_closest_marker("pure_python") is not None:
+            item.add_marker(skip)
 
 
 class LinearPredictor:

@@ -16,6 +16,9 @@ from tierserve.sim import ClusterConfig, simulate
 from tierserve.sim.replica import Replica
 from test_sim_deferred_apply import fingerprint
 
+# Patches Replica methods: a compiled build runs this file in a pure-Python process (tests/test_native.py).
+pytestmark = pytest.mark.pure_python
+
 
 def run(reqs, monkeypatch, chunk_runs: bool, **cfg) -> tuple:
     """One sarathi run; without `chunk_runs` each chunk iteration starts on its own (`_continue_chunk` one by

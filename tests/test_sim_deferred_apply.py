@@ -13,6 +13,9 @@ from conftest import LinearPredictor, make_requests
 from tierserve.sim import ClusterConfig, simulate
 from tierserve.sim.replica import Replica
 
+# Patches Replica methods: a compiled build runs this file in a pure-Python process (tests/test_native.py).
+pytestmark = pytest.mark.pure_python
+
 
 def fingerprint(res):
     states = [(s.id, s.status, s.replica, s.dispatch_s, s.first_token_s, s.finish_s, s.last_token_s, s.num_generated,

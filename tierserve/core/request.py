@@ -30,6 +30,11 @@ class Request:
     slo: SLO = NO_SLO
     app: str = ""
 
+    def __reduce__(self) -> tuple:
+        # Pickle through __init__: compiled (tierserve/_native.py), a frozen class cannot be restored field by field.
+        return (Request, (self.id, self.arrival_s, self.prompt_tokens, self.output_tokens, self.tier, self.slo,
+                          self.app))
+
 
 class Status(IntEnum):
     WAITING = 0      # queued, never run or preempted by recompute (KV dropped)

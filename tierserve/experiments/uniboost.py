@@ -207,8 +207,8 @@ def mixed_requests(setup: Setup, rate: float, seed: int) -> list[Request]:
         tiers = assign_tiers(n, enterprise_mix(setup.num_tiers), r_tier)
     else:
         tiers = np.zeros(n, np.int64)
-    keep = (np.flatnonzero(r_disp.integers(0, setup.replay_of, n) == setup.replay_replica) if setup.replay_of
-            else range(n))
+    keep = (np.flatnonzero(r_disp.integers(0, setup.replay_of, n) == setup.replay_replica).tolist()
+            if setup.replay_of else range(n))     # Python ints: a request id is an int, not a numpy scalar
     return [Request(i, float(times[i]), int(lens.prompts[i]), int(lens.outputs[i]), int(tiers[i]),
                     tier_set[int(tiers[i])].slo, "long" if lens.reasoning[i] else "short") for i in keep]
 

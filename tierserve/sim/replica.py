@@ -586,7 +586,7 @@ class Replica:
                 r.last_token_s = now
                 rem = r._request.output_tokens - generated     # the executor owns the truth
                 if rem <= 0:
-                    finished.append(r)
+                    finished.append(r)  # type: ignore[union-attr]  # collect: finished is a list
                 elif gather:
                     emitted += 1
                     ctx_next += c + 1
@@ -816,12 +816,14 @@ class Replica:
         """Something reads or changes the state: bring it to what stepping has now (the iteration in flight
         allocated); the pending tick then ends that iteration as an ordinary one."""
         run = self._chunks
+        assert run is not None          # only called while a chunk run is in flight
         self._chunks_catch_up(run, run.ended, False)
 
     def _chunks_drop_partial(self) -> None:
         """A request now waits: a last chunk short of the budget would be planned, not repeated; drop it
         unless it has started."""
         run = self._chunks
+        assert run is not None
         chunks = run.chunks
         if chunks[-1] >= self.token_budget - (len(run.batch) - 1):
             return                      # every chunk takes the whole budget: stepping repeats them all
@@ -921,7 +923,7 @@ class Replica:
             if final:
                 rem = r._request.output_tokens - generated
                 if rem <= 0:
-                    finished.append(r)
+                    finished.append(r)  # type: ignore[union-attr]  # collect: finished is a list
                 else:
                     emitted += 1
                     ctx_next += c + 1
@@ -1233,7 +1235,7 @@ class Replica:
             if collect:
                 rem = r._request.output_tokens - generated
                 if rem <= 0:
-                    finished.append(r)
+                    finished.append(r)  # type: ignore[union-attr]  # collect: finished is a list
                 elif carry:
                     n_next += 1
                     ctx_next += c + 1
@@ -1398,7 +1400,7 @@ class Replica:
             if collect:
                 rem = r._request.output_tokens - generated
                 if rem <= 0:
-                    finished.append(r)
+                    finished.append(r)  # type: ignore[union-attr]  # collect: finished is a list
                 elif carry:
                     n_next += 1
                     c = c0 + cnt
@@ -1442,13 +1444,19 @@ class Replica:
         run.done = upto
         pieces.clear()
 
+    def _clear_carries(self) -> None:
+        """Forget both carries before a pass sets them. A method, not two assignments in `_end_run`: a type
+        checker would narrow `self._carry` to None there, which a compiled build checks at run time."""
+        self._carry = self._held_carry = None
+
     def _end_run(self, version: int) -> None:
         if version != self._version:
             return
         run = self._run
+        assert run is not None          # a current version means its run is in flight
         now = self.loop.now
         finished: list[RequestState] = []        # the executor owns the truth (true output lengths)
-        self._carry = self._held_carry = None
+        self._clear_carries()
         self._apply_run(run, len(run.ends), False, finished)
         self._run = None
         if self._iteration_hook:
@@ -1456,7 +1464,7 @@ class Replica:
         for r in finished:
             self._finish(r, now)
         self._settle_pauses()
-        carry, self._carry = self._carry, None
+        carry, self._carry = self._carry, None      # set by _apply_run (not narrowed: _clear_carries)
         if carry is None:
             self._start_next()
         elif not self._continue_run(run, carry, finished, now):
@@ -1674,6 +1682,7 @@ class Replica:
         requests before the run ends) only a checkpoint is recorded, applied in the run's next pass.
         """
         run = self._run
+        assert run is not None
         ends = run.ends
         if defer:
             j = self._ended_by(run, now)
