@@ -30,7 +30,10 @@ CLIENT-SIDE (send -> token at the client; simulated engine + frontend model) and
 stamp -> token leaving the engine core: the simulated engine alone), and the summary error of the alternative
 step models. One more engine-side table follows the issue's protocol literally: the step model fitted to the
 validation run's OWN iteration log (step times only; its latencies are never used), which removes the drift of
-the machine's speed between runs and leaves the simulator's scheduling and queueing model to be judged. `--reanalyse` recomputes all of it from OUT/runs.json and the logs there.
+the machine's speed between runs and leaves the simulator's scheduling and queueing model to be judged. Each of
+the client-side, engine-side and own-log tables is repeated '+ variability': the same step model, each simulated
+step's time × a factor drawn (seeded) from that fit's table of measured/predicted step time on its own rows
+(`step_time_variability`; the calibration steps for the held-out fit, the run's own log for the own-log fit). `--reanalyse` recomputes all of it from OUT/runs.json and the logs there.
 `--pin` puts the engine-core process alone on the last core (the API server and this client on the others):
 unpinned, the frontend's own work stretches engine steps on a 2-core machine. `--model-shape 4x512` (4
 layers, hidden 512) makes compute, not Python overhead, most of a step and keeps the engine (not the API
@@ -290,10 +293,15 @@ def fit_mean_step_time(rows: list[dict]) -> np.ndarray:
     return fit_nonneg(x, y, relative=False)       # = tierserve calibrate --iterations --objective mean, all rows
 
 
-def write_fit(coef: np.ndarray, path: Path, n_rows: int, source: str) -> Path:
+def write_fit(coef: np.ndarray, path: Path, n_rows: int, source: str, rows: list[dict]) -> Path:
+    """The fit as `tierserve calibrate --iterations` writes one, with the measured/predicted step-time ratio
+    table of the same rows (`step_time_ratios`: what `step_time_variability` draws from)."""
+    from tierserve.hardware.calibration import step_time_ratio_table
     keys = ("c0_s", "c_prefill_tok_s", "c_decode_tok_s", "c_pair_s", "c_ctx_s")
+    x, y = step_features([r for r in rows if not (r.get("exclude") or "").strip()])
     path.write_text(json.dumps({**{k: float(c) for k, c in zip(keys, coef)}, "n_rows": n_rows,
-                                "mape_test": float("nan"), "source": source}, indent=1))
+                                "mape_test": float("nan"), "source": source,
+                                "step_time_ratios": step_time_ratio_table(y, x @ coef)}, indent=1))
     return path
 
 
@@ -319,14 +327,15 @@ def step_model_report(name: str, rows: list[dict], fits: dict[str, np.ndarray]) 
 # ------------------------------------------------------------------------------------------------ sim
 
 
-def simulate_trace(trace: list[dict], fit_path: Path, policy: str, frontend: np.ndarray | None, seed: int = 0
-                   ) -> tuple[list[dict], list[np.ndarray]]:
+def simulate_trace(trace: list[dict], fit_path: Path, policy: str, frontend: np.ndarray | None, seed: int = 0,
+                   variability: bool = False) -> tuple[list[dict], list[np.ndarray]]:
     """Simulate `trace` (arrival_s = the client's send, s from the run's start).
 
     `frontend` (rows of `frontend_delays` measured on a calibration run): each request draws one row (seeded,
     with replacement, the three delays of one measured request together), reaches the simulated engine `in`
     after it is sent, and sees its first and last tokens `out_first` / `out_last` after the simulated engine
-    emits them; latencies are from the send. None: the engine alone."""
+    emits them; latencies are from the send. None: the engine alone. `variability`: each simulated step's
+    time × a factor drawn (seeded by `seed`) from the fit file's measured/predicted ratio table."""
     from tierserve.sim.config import ClusterConfig, ReplicaConfig
     from tierserve.sim.simulate import simulate
     order = sorted(trace, key=lambda r: r["arrival_s"])
@@ -336,11 +345,11 @@ def simulate_trace(trace: list[dict], fit_path: Path, policy: str, frontend: np.
         delays = frontend[np.random.default_rng(seed).integers(0, len(frontend), len(order))]
     cfg = ClusterConfig(num_replicas=1, local_policy=policy, replica=ReplicaConfig(
         block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS - 1, token_budget=TOKEN_BUDGET, max_num_seqs=MAX_NUM_SEQS,
-        max_model_len=MAX_MODEL_LEN, exec_model_file=str(fit_path)))
+        max_model_len=MAX_MODEL_LEN, exec_model_file=str(fit_path), step_time_variability=variability))
     at_engine = sorted(range(len(order)), key=lambda k: (order[k]["arrival_s"] + delays[k, 0], k))
     reqs = [Request(k, order[k]["arrival_s"] + delays[k, 0], order[k]["prompt_tokens"], order[k]["output_tokens"],
                     order[k]["tier"]) for k in at_engine]
-    res = simulate(cfg, reqs, num_tiers=len(TIER_MIX))
+    res = simulate(cfg, reqs, num_tiers=len(TIER_MIX), seed=seed)
     out = []
     for s in res.states:
         k = s.id
@@ -401,11 +410,15 @@ def table(name: str, real: list[dict], sim: list[dict], sim_tbt: list[np.ndarray
             lines.append(f"{tier:>4} {metric:>6} " + " ".join(cells))
     target = [abs(e) for _, m, q, e in errs if m in ("ttft", "ttlt") and q in (50, 90)]
     p99 = [abs(e) for _, m, q, e in errs if m in ("ttft", "ttlt") and q == 99]
+    tbt = {q: [e for _, m, qq, e in errs if m == "tbt" and qq == q] for q in QUANTILES}
     summary = {"max": max(target), "mean": float(np.mean(target)), "within_10": sum(e <= 10 for e in target),
-               "cells": len(target), "p99_max": max(p99), "p99_mean": float(np.mean(p99))}
+               "cells": len(target), "p99_max": max(p99), "p99_mean": float(np.mean(p99)),
+               **{f"tbt_p{q}_err": float(np.mean(v)) for q, v in tbt.items() if v}}     # signed, mean over tiers
     lines.append(f"  |error| at P50/P90 of TTFT and TTLT: max {summary['max']:.1f}%, mean {summary['mean']:.1f}%, "
                  f"{summary['within_10']}/{summary['cells']} cells <= 10%; at P99 (TTFT, TTLT): max "
-                 f"{summary['p99_max']:.1f}%, mean {summary['p99_mean']:.1f}%")
+                 f"{summary['p99_max']:.1f}%, mean {summary['p99_mean']:.1f}%; TBT error P50/P90/P99 (mean over "
+                 f"tiers) " + "/".join(f"{summary[f'tbt_p{q}_err']:+.1f}%" for q in QUANTILES
+                                       if f"tbt_p{q}_err" in summary))
     return lines, summary
 
 
@@ -490,6 +503,24 @@ def aggregate(outs: list[Path]) -> int:
                 ci = mean_ci95([r[side][load][key] for r in runs])
                 cells.append(f"{name} {ci.mean:.1f} ± {ci.half_width:.1f}")
             print(f"  {side.replace('_', '-'):11s} {load:14s} " + "; ".join(cells))
+    sides = [s for s in ("engine_side", "engine_side_same_run", "client_side")
+             if all(s in r and s + "_varied" in r for r in runs)]
+    if sides:
+        print("step-time variability, same step model without -> with (mean ± 95% half-width over the runs; TBT: "
+              "signed error, mean over tiers):")
+        keys = (("mean", "mean |err| P50/P90 TTFT+TTLT"), ("max", "max |err| P50/P90"),
+                ("p99_mean", "mean |err| P99 TTFT+TTLT"), ("tbt_p50_err", "TBT P50 err"),
+                ("tbt_p90_err", "TBT P90 err"), ("tbt_p99_err", "TBT P99 err"))
+        for side in sides:
+            for load in runs[0][side]:
+                cells = []
+                for key, name in keys:
+                    if not all(key in r[side][load] for r in runs):
+                        continue
+                    a = mean_ci95([r[side][load][key] for r in runs])
+                    b = mean_ci95([r[side + "_varied"][load][key] for r in runs])
+                    cells.append(f"{name} {a.mean:.1f} ± {a.half_width:.1f} -> {b.mean:.1f} ± {b.half_width:.1f}")
+                print(f"  {side.replace('_', '-'):20s} {load:14s} " + "; ".join(cells))
     return 0
 
 
@@ -557,7 +588,7 @@ def analyse(args, out: Path, saved: dict) -> int:
     from tierserve.hardware.calibration import calibrate_from_iterations
     cal_rows = list(saved.get("capacity_rows", [])) + [r for run in runs.values() for r in run["cal_rows"]]
     fit_path = write_fit(fit_mean_step_time(cal_rows), out / "fit.json", len(cal_rows),
-                         "mean (OLS) fit of every calibration step")
+                         "mean (OLS) fit of every calibration step", cal_rows)
     c = fit_of(fit_path)
     rel = calibrate_from_iterations(write_rows(cal_rows, out / "calibration_iterations.csv"))
     rel_path = out / "fit_relative.json"
@@ -572,10 +603,18 @@ def analyse(args, out: Path, saved: dict) -> int:
              f"{rel.mape_test:.1f}%",
              describe_delays("idle engine, one request at a time (reported, not used)", idle_frontend)]
     summaries, engine_summaries, same_run_summaries = {}, {}, {}
+    varied: dict[str, dict] = {"client_side_varied": {}, "engine_side_varied": {}, "engine_side_same_run_varied": {}}
+    ratios = json.loads(fit_path.read_text())["step_time_ratios"]
+    lines.append(f"step-time variability (the '+ variability' tables): each simulated step × a factor drawn "
+                 f"(seed {args.seed}) from the fit's 64-value table of measured/predicted step time on its own "
+                 f"rows; calibration table mean {np.mean(ratios):.3f}, CV {np.std(ratios) / np.mean(ratios):.3f}, "
+                 f"P10/P50/P90 {np.percentile(ratios, 10):.2f}/{np.percentile(ratios, 50):.2f}/"
+                 f"{np.percentile(ratios, 90):.2f}")
     for label, run in runs.items():
         frac, trace, real = run["frac"], run["trace"], run["real"]
         load_fit = write_fit(fit_mean_step_time(run["cal_rows"]), out / f"fit_{label.split()[0]}.json",
-                             len(run["cal_rows"]), f"mean (OLS) fit, calibration runs at {label} only")
+                             len(run["cal_rows"]), f"mean (OLS) fit, calibration runs at {label} only",
+                             run["cal_rows"])
         cal_eng = {}
         for name in run["cal_runs"]:
             cal_eng.update({(name, i): e for i, e in engine_records(out, name).items()})
@@ -600,6 +639,11 @@ def analyse(args, out: Path, saved: dict) -> int:
                      f"engine)", real, sim, sim_tbt)
         lines += t
         summaries[label] = s
+        sim, sim_tbt = simulate_trace(offered, fit_path, args.policy, frontend, args.seed, variability=True)
+        t, s = table(f"{label} — CLIENT-SIDE + variability (same step model, steps × calibration ratios)", real,
+                     sim, sim_tbt)
+        lines += t
+        varied["client_side_varied"][label] = s
         eng_real = [{"tier": e["tier"], "ttft": e["first_token_s"] - e["arrival_s"],
                      "ttlt": e["finish_s"] - e["arrival_s"], "tbt": [g * 1e-3 for g in e["gaps_ms"]]}
                     for e in eng.values()]
@@ -610,15 +654,27 @@ def analyse(args, out: Path, saved: dict) -> int:
                      f"engine on those arrivals", eng_real, sim, sim_tbt)
         lines += t
         engine_summaries[label] = s
+        sim, sim_tbt = simulate_trace(stamped, fit_path, args.policy, None, args.seed, variability=True)
+        t, s = table(f"{label} — ENGINE-SIDE + variability (same step model, steps × calibration ratios)", eng_real,
+                     sim, sim_tbt)
+        lines += t
+        varied["engine_side_varied"][label] = s
         # the issue's own protocol: the step model fitted to this run's iteration log (its latencies are not
         # used), which takes the machine's drift between runs out and leaves the simulator's queueing model
         own_fit = write_fit(fit_mean_step_time(run["rows"]), out / f"fit_{label.split()[0]}_same_run.json",
-                            len(run["rows"]), f"mean (OLS) fit of the validation run at {label} itself")
+                            len(run["rows"]), f"mean (OLS) fit of the validation run at {label} itself", run["rows"])
         sim, sim_tbt = simulate_trace(stamped, own_fit, args.policy, None)
         t, s = table(f"{label} — ENGINE-SIDE, step model fitted to this run's own iteration log", eng_real, sim,
                      sim_tbt)
         lines += t
         same_run_summaries[label] = s
+        sim, sim_tbt = simulate_trace(stamped, own_fit, args.policy, None, args.seed, variability=True)
+        own_ratios = json.loads(own_fit.read_text())["step_time_ratios"]
+        t, s = table(f"{label} — ENGINE-SIDE, own-log step model + variability (steps × this log's ratios: mean "
+                     f"{np.mean(own_ratios):.3f}, CV {np.std(own_ratios) / np.mean(own_ratios):.3f})", eng_real, sim,
+                     sim_tbt)
+        lines += t
+        varied["engine_side_same_run_varied"][label] = s
         for name, path in (("this load's calibration only", load_fit), ("the relative-error fit", rel_path)):
             sim, sim_tbt = simulate_trace(offered, path, args.policy, frontend, args.seed)
             lines.append(f"  client-side with {name} instead:")
@@ -629,7 +685,7 @@ def analyse(args, out: Path, saved: dict) -> int:
     (out / "real.json").write_text(json.dumps({k: v["real"] for k, v in runs.items()}))
     (out / "summary.json").write_text(json.dumps({"capacity_rps": cap, "client_side": summaries,
                                                   "engine_side": engine_summaries,
-                                                  "engine_side_same_run": same_run_summaries}, indent=1))
+                                                  "engine_side_same_run": same_run_summaries, **varied}, indent=1))
     return 0
 
 

@@ -548,6 +548,8 @@ class IterationFit:
     n_rows: int
     mape_test: float
     source: str = ""
+    # measured/predicted step time over the fitted rows, as `step_time_ratio_table` compacts it
+    step_time_ratios: list[float] = field(default_factory=list)
 
     def to_model(self, name: str = "iteration-fit"):
         from tierserve.hardware.exec_model import model_from_linear_coefficients
@@ -575,6 +577,7 @@ class PhysicalIterationFit:
     source: str = ""
     points: list[dict[str, Any]] = field(default_factory=list)
     kind: str = PHYSICAL_FIT_KIND
+    step_time_ratios: list[float] = field(default_factory=list)   # as in IterationFit
 
     def to_model(self, name: str = "iteration-fit", overhead_s: float | None = None, measured_decode: bool = True):
         from tierserve.hardware.exec_model import model_from_physical_parameters
@@ -675,7 +678,56 @@ def calibrate_from_iterations(csv_path: str | Path, model: str | None = None, gp
     test = holdout_mask(len(y)) if len(y) >= 20 else np.zeros(len(y), bool)
     coef = fit_nonneg(x[~test], y[~test], relative=objective == "relative")
     err = mape(x[test] @ coef, y[test]) if test.any() else mape(x @ coef, y)
-    return IterationFit(*(float(c) for c in coef), n_rows=len(y), mape_test=err, source=str(p))
+    c0, c_prefill, c_decode, c_pair, c_ctx = (float(c) for c in coef)
+    return IterationFit(c0, c_prefill, c_decode, c_pair, c_ctx, n_rows=len(y), mape_test=err, source=str(p),
+                        step_time_ratios=step_time_ratio_table(y, x @ coef))
+
+
+STEP_RATIO_TABLE_SIZE = 64
+STEP_RATIOS_KEY = "step_time_ratios"
+
+
+def step_time_ratio_table(measured_s: np.ndarray, predicted_s: np.ndarray,
+                          size: int = STEP_RATIO_TABLE_SIZE) -> list[float]:
+    """The distribution of measured/predicted step time, compacted to `size` equally likely values for the
+    simulator's step-time variability (`ReplicaConfig.step_time_variability`).
+
+    Value k is the mean of the k-th of `size` equal-count slices of the sorted ratios (slices split rows
+    fractionally), so the table keeps the tail's weight, which point quantiles would drop. The table is then
+    scaled to mean Σmeasured / Σpredicted: a factor drawn independently of the step's shape multiplies the
+    mean predicted time by the table's mean, and this makes it the measured mean step time (for a plain
+    least-squares fit with an intercept the scale is 1; a relative-error fit sits below the mean, and the
+    table then carries the difference). An empty list when fewer than `size` rows or a prediction <= 0."""
+    y = np.asarray(measured_s, dtype=float)
+    pred = np.asarray(predicted_s, dtype=float)
+    if len(y) < size or not (pred > 0).all():
+        return []
+    ratios = np.sort(y / pred)
+    cum = np.concatenate([[0.0], np.cumsum(ratios)])
+    edges = np.linspace(0.0, len(ratios), size + 1)
+    at_edges = np.interp(edges, np.arange(len(cum), dtype=float), cum)     # Σ of the first `edge` ratios
+    values = np.diff(at_edges) / (len(ratios) / size)
+    values *= (y.sum() / pred.sum()) / values.mean()
+    return [round(float(v), 6) for v in values]
+
+
+def read_step_time_ratios(path: str | Path, field_name: str = "step_time_variability") -> list[float]:
+    """The step-time ratio table a fit file records (`tierserve calibrate --iterations --out`); a clear
+    ConfigError naming `field_name` when the file has none or a bad one."""
+    from tierserve.core.files import read_mapping
+    import json
+    data = read_mapping(str(path), "exec_model_file", json.loads, (ValueError,), "JSON")
+    table = data.get(STEP_RATIOS_KEY)
+    if not table:
+        raise ConfigError(field_name, True, f"an exec_model_file that records {STEP_RATIOS_KEY} (a fit written by "
+                                            f"`tierserve calibrate --iterations` from at least "
+                                            f"{STEP_RATIO_TABLE_SIZE} rows); {path} has none")
+    if (not isinstance(table, list) or len(table) > 4096
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+                       for v in table)):
+        raise ConfigError(field_name, True, f"{path}: {STEP_RATIOS_KEY} must be a list of at most 4096 positive "
+                                            f"finite numbers")
+    return [float(v) for v in table]
 
 
 # HBM efficiency is held at the roofline default: with every decode batch at one context length, weight
@@ -786,7 +838,8 @@ def fit_physical_iterations(p: Path, cols: dict[str, np.ndarray], pairs: np.ndar
     return PhysicalIterationFit(m.name, g.name, int(tp), overhead_ms=o * 1e3, eff_gemm_flop=ef, eff_hbm=FIT_EFF_HBM,
                                 eff_attn_flop=ea, per_seq_ms=q * 1e3, decode_batch_knots=knots,
                                 decode_cost_ms=[round(c * 1e3, 5) for c in cost], n_rows=int(use.sum()),
-                                source=str(p), points=points)
+                                source=str(p), points=points,
+                                step_time_ratios=step_time_ratio_table(y_all[use], fitted[use]))
 
 
 def format_fit_summary(summary: dict) -> str:

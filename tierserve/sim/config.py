@@ -42,11 +42,31 @@ class ReplicaConfig(BaseModel):
         None, ge=0, le=1e6, allow_inf_nan=False, description="CPU/scheduling time added to every non-empty iteration, in ms; None = the "
                                 "mode's default (physical: 0.29 ms, vidur_parity: 0) or the calibrated file's.")
 
+    step_time_variability: bool = Field(
+        False, strict=True, description="Multiply each iteration's modelled time by a factor drawn from the "
+                                        "measured/predicted step-time ratios that `tierserve calibrate --iterations` "
+                                        "records in exec_model_file (`step_time_ratios`, 64 equally likely values of "
+                                        "mean Σmeasured/Σpredicted); the draw is a hash of (the run's seed, replica, "
+                                        "iteration), so runs repeat exactly and skip-ahead stays exact. Needs an "
+                                        "exec_model_file with that table; off: step times are the model's alone.")
+
     @field_validator("exec_model_file")
     @classmethod
     def _readable_model_file(cls, v: str | None) -> str | None:
         if v is not None:
             check_exec_model_file(v)
+        return v
+
+    @field_validator("step_time_variability")
+    @classmethod
+    def _ratios_recorded(cls, v: bool, info: ValidationInfo) -> bool:
+        if v and "exec_model_file" in info.data:       # absent: the file's own error is reported
+            path = info.data["exec_model_file"]
+            if path is None:
+                raise ValueError("false without an exec_model_file (the ratios come from a `tierserve calibrate "
+                                 "--iterations` fit)")
+            from tierserve.hardware.calibration import read_step_time_ratios
+            read_step_time_ratios(path)
         return v
 
     @field_validator("model")

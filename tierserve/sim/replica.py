@@ -31,6 +31,30 @@ def prefill_attention_pairs(chunk: int, context_before: int) -> float:
     return chunk * (context_before + chunk * 0.5)
 
 
+_MASK64 = (1 << 64) - 1
+_GOLDEN64 = 0x9E3779B97F4A7C15
+
+
+def _splitmix64(z: int) -> int:
+    """splitmix64's output function of a 64-bit counter value: a stateless, well-mixed 64-bit hash."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def step_factor_key(seed: int, replica_index: int) -> int:
+    """The counter key of one replica's step-time factors, from the run's seed and the replica's index."""
+    return _splitmix64((_splitmix64((seed & _MASK64) ^ _GOLDEN64) + replica_index * _GOLDEN64) & _MASK64)
+
+
+def step_time_factor(table: list[float], key: int, iteration: int) -> float:
+    """The step-time factor of the replica's `iteration`-th iteration (0-based, counted as stepping counts
+    them): one of `table`'s equally likely values, chosen by a counter-based hash, so an iteration timed
+    ahead in a run and the same iteration stepped alone draw the same factor."""
+    z = _splitmix64((key + (iteration + 1) * _GOLDEN64) & _MASK64)
+    return table[(z * len(table)) >> 64]
+
+
 def _flush_bin(hists: list[LogHistogram], b: int, pend: list[int]) -> None:
     """Count pend[t] values in bin `b` of tier t's histogram (their sum is kept by the caller); zero pend."""
     for t, n in enumerate(pend):
@@ -100,7 +124,8 @@ class Replica:
                  block_size: int, token_budget: int, max_num_seqs: int, watermark_blocks: int,
                  swap_time_per_block_s: float, num_tiers: int,
                  on_finish: Callable[[RequestState], None], skip_ahead: bool = True,
-                 swap_blocks: int = 1 << 62) -> None:
+                 swap_blocks: int = 1 << 62, step_time_ratios: list[float] | None = None,
+                 step_time_seed: int = 0) -> None:
         self.index = index
         self.policy = policy
         self.predictor = predictor
@@ -117,6 +142,12 @@ class Replica:
         self._host_blocks: dict[int, int] = {}    # request id -> host blocks its swapped-out KV occupies
         self.skip_ahead = skip_ahead
         self.slowdown = 1.0                       # iteration-time factor (>1 while a migration copies out)
+        # Step-time variability: each iteration's time × one of these measured/predicted ratios (equally
+        # likely), drawn from (seed, replica, iteration); empty = off. `_scaled`: some factor applies.
+        self._step_ratios: list[float] = list(step_time_ratios) if step_time_ratios else []
+        self._varies = bool(self._step_ratios)
+        self._step_key = step_factor_key(step_time_seed, index) if self._varies else 0
+        self._scaled = self._varies
         self.view = ReplicaView(self)
         if policy.needs_oracle:
             policy.bind_oracle(Oracle())
@@ -242,6 +273,15 @@ class Replica:
             elif self._chunks is not None:
                 self._chunks_dissolve()
             self.slowdown = factor
+            self._scaled = factor != 1.0 or self._varies
+
+    def _scale(self, dt: float, iteration: int) -> float:
+        """`dt` (the model's time of iteration `iteration`) × the slowdown, then × its step-time factor."""
+        if self.slowdown != 1.0:
+            dt *= self.slowdown
+        if self._varies:
+            dt *= step_time_factor(self._step_ratios, self._step_key, iteration)
+        return dt
 
     def sync(self) -> None:
         """Bring per-request state up to now (iterations ended so far; blocks of the one in flight)."""
@@ -394,8 +434,8 @@ class Replica:
             dt = self.predictor.iteration_time(prefill_tokens, pairs, decodes, ctx)
         else:
             dt = self.predictor.decode_base_time(decodes) + self.predictor.decode_context_coef_s * ctx
-        if self.slowdown != 1.0:
-            dt *= self.slowdown
+        if self._scaled:
+            dt = self._scale(dt, self.iterations)
         dt += swap_s
         self._batch = scheduled
         self._batch_start_s = now
@@ -706,8 +746,8 @@ class Replica:
         if used > self.max_used_blocks:
             self.max_used_blocks = used
         dt = self.predictor.iteration_time(prefill_tokens, pairs, num_decodes, ctx)
-        if self.slowdown != 1.0:
-            dt *= self.slowdown
+        if self._scaled:
+            dt = self._scale(dt, self.iterations)
         dt += 0.0                       # no PCIe time: nothing swapped or preempted
         self._batch = batch
         self._batch_start_s = now
@@ -749,7 +789,8 @@ class Replica:
         bs = self.block_size
         p_blocks = p.num_blocks
         predictor = self.predictor
-        slow = self.slowdown
+        scaled = self._scaled
+        first = self.iterations - 1     # iteration 0's index: `_account` has counted it already
         ends, durations, chunks, p_needs = [end0], [dt0], [batch[-1][1]], [0]
         t = end0
         grown = 0                       # blocks the prefill takes after iteration 0
@@ -779,8 +820,8 @@ class Replica:
             pairs = 0.0
             pairs += n * (pc + n * 0.5)
             dt = predictor.iteration_time(n, pairs, num_decodes, ctx0 + num_decodes * j)
-            if slow != 1.0:
-                dt *= slow
+            if scaled:
+                dt = self._scale(dt, first + j)
             dt += 0.0
             t = t + dt
             ends.append(t)
@@ -1110,21 +1151,22 @@ class Replica:
             k = self._kv_bound(batch, k, bs)
         base = self.predictor.decode_base_time(b)
         coef = self.predictor.decode_context_coef_s
-        slow = self.slowdown
+        scaled = self._scaled
         ends = []
         t = now
         busy = 0.0
-        if slow == 1.0 and revise == _REVISE_AT_S:     # the usual case: the loop below without its two tests
+        if not scaled and revise == _REVISE_AT_S:      # the usual case: the loop below without its two tests
             for j in range(k):
                 dt = base + coef * (ctx0 + b * j)
                 t = t + dt
                 busy += dt
                 ends.append(t)
         else:
+            first = self.iterations     # the index stepping gives iteration 0 of the run
             for j in range(k):
                 dt = base + coef * (ctx0 + b * j)     # the same arithmetic as a single decode step
-                if slow != 1.0:
-                    dt *= slow
+                if scaled:
+                    dt = self._scale(dt, first + j)
                 t = t + dt
                 busy += dt
                 ends.append(t)
@@ -1564,8 +1606,8 @@ class Replica:
             self._decodes_then_prefill = len(admitted) == 1 and not (
                 n == 1 and w.num_tokens - w.num_computed_tokens == 1 and w.num_generated > 0)
         dt = self.predictor.iteration_time(prefill_tokens, pairs, n_dec, ctx)
-        if self.slowdown != 1.0:
-            dt *= self.slowdown
+        if self._scaled:
+            dt = self._scale(dt, self.iterations)
         dt += 0.0                       # no PCIe time: nothing swapped or preempted
         self._batch = batch
         self._batch_start_s = now

@@ -62,7 +62,9 @@ class RejectionRule:
         return None
 
 
-def build_replicas(cfg: ClusterConfig, loop: EventLoop, num_tiers: int, predictor=None) -> tuple[list[Replica], RejectionRule]:
+def build_replicas(cfg: ClusterConfig, loop: EventLoop, num_tiers: int, predictor=None, seed: int = 0
+                   ) -> tuple[list[Replica], RejectionRule]:
+    """`seed`: the run's seed, which also seeds the step-time factors when `step_time_variability` is on."""
     rc = cfg.replica
     if predictor is None:
         from tierserve.hardware.exec_model import make_execution_model
@@ -73,6 +75,10 @@ def build_replicas(cfg: ClusterConfig, loop: EventLoop, num_tiers: int, predicto
     swap_per_block = swap_time_s(1, rc.model, rc.gpu, rc.tp, rc.block_size, rc.pcie_efficiency)
     block_bytes = kv_bytes_per_token(rc.model, rc.tp) * rc.block_size        # per GPU: each holds its shard
     swap_blocks = int(rc.swap_space_gib * 2**30 // block_bytes)
+    step_ratios = None
+    if rc.step_time_variability:
+        from tierserve.hardware.calibration import read_step_time_ratios
+        step_ratios = read_step_time_ratios(rc.exec_model_file or "")   # config checked the file has them
     replicas = []
     for i in range(cfg.num_replicas):
         policy = LOCAL_POLICIES.create(cfg.local_policy, **cfg.local_policy_params)
@@ -83,7 +89,8 @@ def build_replicas(cfg: ClusterConfig, loop: EventLoop, num_tiers: int, predicto
             token_budget=rc.token_budget or budget, max_num_seqs=rc.max_num_seqs or seqs,
             watermark_blocks=int(rc.watermark_fraction * total_blocks) if policy.uses_watermark else 0,
             swap_time_per_block_s=swap_per_block, num_tiers=num_tiers,
-            on_finish=lambda s: None, skip_ahead=cfg.skip_ahead, swap_blocks=swap_blocks))
+            on_finish=lambda s: None, skip_ahead=cfg.skip_ahead, swap_blocks=swap_blocks,
+            step_time_ratios=step_ratios, step_time_seed=seed))
     policy0 = replicas[0].policy
     limits = [rc.max_model_len or get_model(rc.model).max_model_len]
     if policy0.max_request_tokens() is not None:
@@ -127,7 +134,7 @@ def _simulate(cfg: ClusterConfig, requests: Sequence[Request], num_tiers: int, s
         requests = _CheckedStream(requests, num_tiers)
     wall0 = time.perf_counter()
     loop = EventLoop()
-    replicas, rule = build_replicas(cfg, loop, num_tiers, predictor)
+    replicas, rule = build_replicas(cfg, loop, num_tiers, predictor, seed)
     policy = CLUSTER_POLICIES.create(cfg.cluster_policy, **cfg.cluster_policy_params)
     migration = None
     if getattr(policy, "migrates", False):
