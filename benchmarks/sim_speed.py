@@ -69,7 +69,8 @@ VIDUR_NUM_PREDICTION_TABLES = 12   # Vidur's random-forest predictor caches 12 d
 VIDUR_INFO_FILE = "VIDUR_COMMIT"   # in VIDUR_DIR: first line the commit, then how the tree and its cache were made
 SCALING_STACKS = [("vllm", "round_robin"), ("vllm", "random"), ("vllm", "jsq"), ("vllm", "infaas"),
                   ("vllm_v0", "round_robin"), ("sarathi", "round_robin"), ("llumlet", "llumnix"),
-                  ("llumlet", "llumnix_k"), ("llumlet", "llumnix_k_adaptive")]
+                  ("llumlet", "llumnix_k"), ("llumlet", "llumnix_k_adaptive"), ("niyama", "deadline_slack")]
+DEADLINE_STACKS = {"deadline_slack"}     # run with Niyama's QoS-class SLOs (deadlines to order by)
 
 
 def reference_dir(kind: str, n: int) -> Path | None:
@@ -120,7 +121,7 @@ def child_stack(local: str, cluster: str, n: int, replicas: int) -> dict:
     wl = WorkloadConfig.from_dict({
         "num_requests": n, "seed": 42, "arrivals": {"kind": "poisson", "rate": 4.0 * replicas},
         "lengths": {"kind": "empirical", "dataset": "azure2023_conv", "max_total_tokens": 4096},
-        "tiers": {"num_tiers": 3, "mix": "uniform"}})
+        "tiers": {"num_tiers": 3, "mix": "uniform", **({"preset": "niyama"} if cluster in DEADLINE_STACKS else {})}})
     requests = build_requests(wl)
     cfg = ClusterConfig(num_replicas=replicas, local_policy=local, cluster_policy=cluster,
                         cluster_policy_params={"num_tiers": 3} if cluster.startswith("llumnix") else {})
@@ -192,6 +193,9 @@ def run_child(args: list[str]) -> dict:
     rec["wall_s"] = wall
     rec["cpu_s"] = rec.pop("_cpu_s")
     rec["peak_rss_mb"] = rec.pop("_rss_mb")
+    from tierserve import _native
+    if rec.pop("_hot_path") != _native.REASON:       # a child must not measure another build than the header says
+        raise RuntimeError(f"child {args} ran another hot path than this process: {_native.REASON}")
     return rec
 
 
@@ -445,6 +449,8 @@ def child_main(args: list[str]) -> int:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     rec["_cpu_s"] = ru.ru_utime + ru.ru_stime
     rec["_rss_mb"] = ru.ru_maxrss / 1024
+    from tierserve import _native
+    rec["_hot_path"] = _native.REASON
     print(json.dumps(rec))
     return 0
 
@@ -471,6 +477,8 @@ def main(argv=None) -> int:
     ap.add_argument("--scale-replicas", type=int, default=16)
     ap.add_argument("--scale-records", default="parquet", help="csv | parquet (parquet needs pyarrow)")
     args = ap.parse_args(argv)
+    from tierserve import _native
+    print(f"tierserve's hot path in these runs: {_native.REASON} (tierserve/_native.py; every child checks it is the same)")
     if args.scale:
         return 0 if scale([int(x) for x in args.scale_n.split(",")], args.scale_replicas, args.scale_records) else 1
     if not args.no_vidur:
