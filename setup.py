@@ -7,8 +7,29 @@ import os
 import runpy
 
 from setuptools import setup
+from setuptools.command.build_ext import build_ext
 
 native = runpy.run_path(os.path.join("tierserve", "_native.py"))
+RECORD = native["BUILD_RECORD"]
+# The digests of the sources exactly as mypyc reads them below; written only once the extensions are built.
+sources_compiled = native["build_record"]()
+
+
+class BuildExtThenRecord(build_ext):
+    """Remove the build record while extensions change (a process importing meanwhile runs the sources), and
+    write it only after every extension is built: an interrupted build never looks complete."""
+
+    def run(self) -> None:
+        if os.path.exists(RECORD):
+            os.remove(RECORD)
+        super().run()
+        if not self.extensions:
+            return
+        targets = [RECORD] + ([] if self.inplace else [os.path.join(self.build_lib, RECORD)])
+        for target in targets:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "w") as record:
+                json.dump(sources_compiled, record, indent=1, sort_keys=True)
 
 
 def compiled_extensions() -> list:
@@ -16,12 +37,9 @@ def compiled_extensions() -> list:
         return []
     from mypyc.build import mypycify
 
-    # The record the import-time check compares against: the sources exactly as they are compiled now.
-    with open(native["BUILD_RECORD"], "w") as record:
-        json.dump(native["build_record"](), record, indent=1, sort_keys=True)
     # Only the compiled modules must type-check; the rest of the package is read for its types, not checked.
     options = ["--follow-imports=silent", "--ignore-missing-imports"]
     return mypycify(options + list(native["COMPILED_SOURCES"]), opt_level="3", group_name="tierserve_native")
 
 
-setup(ext_modules=compiled_extensions())
+setup(ext_modules=compiled_extensions(), cmdclass={"build_ext": BuildExtThenRecord})
