@@ -608,6 +608,9 @@ class PolicyDriver:
         """The oldest scheduled step's output arrived at `t_end` (perf_counter seconds)."""
         if not self._pending:
             self._busy_since = t_end if busy_after else None
+            # vLLM's last busy step still reports work (finished ids not yet sent): the engine goes idle here
+            if not busy_after and self.iteration_log is not None:
+                self.iteration_log.flush()
             return
         step, sched_start, batch, shape = self._pending.popleft()
         busy_since = self._busy_since
