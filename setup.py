@@ -6,8 +6,11 @@ import json
 import os
 import runpy
 
+import warnings
+
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
+from setuptools.errors import CCompilerError, CompileError, ExecError, LinkError, PlatformError
 
 native = runpy.run_path(os.path.join("tierserve", "_native.py"))
 RECORD = native["BUILD_RECORD"]
@@ -22,7 +25,15 @@ class BuildExtThenRecord(build_ext):
     def run(self) -> None:
         if os.path.exists(RECORD):
             os.remove(RECORD)
-        super().run()
+        try:
+            super().run()
+        except (CCompilerError, CompileError, ExecError, LinkError, PlatformError) as err:
+            # No C compiler or Python headers: install the sources alone (the same code, ~3x slower loop).
+            for built in self.get_outputs():
+                if os.path.exists(built):
+                    os.remove(built)
+            warnings.warn(f"tierserve: compiling the hot path failed ({err}); installing pure Python")
+            return
         if not self.extensions:
             return
         targets = [RECORD] + ([] if self.inplace else [os.path.join(self.build_lib, RECORD)])
