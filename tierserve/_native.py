@@ -1,6 +1,7 @@
 """The compiled event loop: which modules an install compiles, and whether this process uses them.
 
-The simulator's hot path (the request state, the histogram, the event core and the replica executor) is
+The simulator's hot path (the request state, the histogram, the event core, the replica executor and the
+cluster driver) is
 compiled with mypyc from these same .py files when tierserve is installed (`setup.py`); the .py files stay the
 only implementation — there is no second copy. Why: at 50k requests the event loop is ~80% of a run, and
 CPython's attribute access and calls are most of it; compiled, the loop took 3.0–3.4× less CPU in this
@@ -29,6 +30,7 @@ COMPILED_SOURCES: tuple[str, ...] = (        # relative to the repository root; 
     "tierserve/core/histogram.py",
     "tierserve/sim/events.py",
     "tierserve/sim/replica.py",
+    "tierserve/sim/cluster.py",
 )
 BUILD_RECORD = "tierserve/_native_build.json"
 PURE_ENV = "TIERSERVE_PURE_PYTHON"

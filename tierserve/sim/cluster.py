@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from tierserve.core import Request, RequestState, Status
 from tierserve.policies.cluster.base import ClusterPolicy, Move
+from tierserve.policies.cluster.freeness import InstanceLoad, check_tier_counts
 from tierserve.sim.events import EventLoop
 from tierserve.sim.replica import Replica
 
@@ -17,7 +18,7 @@ class InstanceHandle:
     """A replica as a cluster policy sees it; every read brings the replica's state up to now."""
 
     __slots__ = ("_replica", "index", "total_blocks", "block_size", "max_num_seqs", "migrating_count",
-                 "_deadline_load")
+                 "_deadline_load", "_load", "_load_version", "_load_num_tiers", "_load_queues")
 
     def __init__(self, replica: Replica) -> None:
         self._replica = replica
@@ -26,10 +27,16 @@ class InstanceHandle:
         self.block_size = replica.block_size
         self.max_num_seqs = replica.max_num_seqs
         self.migrating_count = 0
-        self._deadline_load = None
+        self._deadline_load: Any = None          # a DeadlineLoad once `track_deadline_load` ran
+        # `measure_load`'s last answer: the queue-derived part is valid while the replica's queues_version
+        # equals _load_version; the whole load while its blocks, running count and migrations are unchanged too.
+        self._load: InstanceLoad | None = None
+        self._load_version = -1
+        self._load_num_tiers: int | None = None
+        self._load_queues: tuple[dict[int, int], int, int, bool] = ({}, 0, 0, False)
 
     @property
-    def predictor(self):
+    def predictor(self) -> Any:
         """The replica's own execution-time model (the one its iterations are timed with)."""
         return self._replica.predictor
 
@@ -105,6 +112,39 @@ class InstanceHandle:
     def migrating(self) -> bool:
         return self.migrating_count > 0
 
+    def measure_load(self, num_tiers: int | None = None) -> InstanceLoad:
+        """`freeness.measure_counters(self, num_tiers)`, the same values read at the same moments (queue
+        counters before the sync, blocks and running count after it), but kept between reads: a dispatch
+        reads every instance while few changed since the last one. The queue-derived part is recomputed when
+        `queues_version` moved (every join or leave bumps it), the load object when anything else it holds
+        changed; an unchanged load is the same object (policies treat loads as read-only)."""
+        r = self._replica
+        version = r.queues_version
+        if version != self._load_version or num_tiers != self._load_num_tiers:
+            run, wait, swap = r.tier_running, r.tier_waiting, r.tier_swapped
+            counts = {t: run[t] + wait[t] + swap[t] for t in r.tier_order}
+            check_tier_counts(counts, num_tiers)
+            head = r.waiting_head
+            bs = r.block_size
+            hol = (-(-head.num_tokens // bs) if head is not None else 0) + r.swapped_demand_blocks
+            self._load_queues = (counts, hol, len(r.waiting) + len(r.swapped),
+                                 r.num_preempted_waiting > 0 or bool(r.swapped))
+            self._load_version = version
+            self._load_num_tiers = num_tiers
+            self._load = None
+        r.sync()
+        used = r.total_blocks - r.free_blocks
+        num_running = len(r.running)
+        migrating = self.migrating_count > 0
+        load = self._load
+        if (load is not None and load.used_blocks == used and load.num_running == num_running
+                and load.migrating == migrating):
+            return load
+        counts, hol, queued, preempted = self._load_queues
+        load = self._load = InstanceLoad(self.index, self.total_blocks, self.block_size, used, hol, num_running,
+                                         queued, counts, preempted, migrating, False)
+        return load
+
     @property
     def terminating(self) -> bool:
         return False          # no autoscaling yet: no instance is ever drained
@@ -117,7 +157,9 @@ class Cluster:
                  reject_reason, seed: int = 0, migration_executor=None) -> None:
         self.replicas = replicas
         self.handles = [InstanceHandle(r) for r in replicas]
-        self.policy = policy
+        # Any: compiled, a declared type is checked at run time; a policy's answers (an index as a numpy
+        # integer, moves as a tuple) are accepted as they were before this module was compiled.
+        self.policy: Any = policy
         self.loop = loop
         self.requests = requests
         self.reject_reason = reject_reason          # (Request, its fresh RequestState) -> str | None
@@ -133,10 +175,10 @@ class Cluster:
         self.num_ended = 0
         self._next_arrival = 0
         self.migration = migration_executor
-        self.progress = None                          # optional callable(num_arrived, num_total)
+        self.progress: Callable[[int, int], None] | None = None   # optional: (num_arrived, num_total)
         # Streaming (set by `simulate(..., sink=...)`): a request that ends goes to `on_end(index, state,
         # reason)` and is forgotten; `live` holds the ones in flight (object id -> (arrival index, state)).
-        self.on_end = None
+        self.on_end: Callable[[int, RequestState, str | None], None] | None = None
         self.live: dict[int, tuple[int, RequestState]] = {}
         policy.setup(len(replicas), seed)
         self._tracks_deadline_load = getattr(policy, "uses_deadline_load", False)
@@ -224,7 +266,8 @@ class Cluster:
         # The same order as sorting every held request by `queue_key`: the least lane head, repeatedly.
         lanes = self._lanes.values()
         while True:
-            best_key, best = None, None
+            best_key: Any = None
+            best: deque[RequestState] | None = None
             for lane in lanes:
                 if lane:
                     key = policy.queue_key(lane[0], now)
@@ -254,12 +297,13 @@ class Cluster:
         now = self.loop.now
         if self.num_held:
             self._drain_queue()
-        moves: list[Move] = self.policy.rebalance(self.handles, now)
+        moves: Sequence[Move] = self.policy.rebalance(self.handles, now)
         started = 0
         if moves and self.migration is not None:
             for move in moves:
                 started += bool(self.migration.start(move))
         # With no other event pending and nothing moved, no later tick can change anything: stop, and let
         # the run report what is left (stranded) rather than tick forever.
-        if not self.all_ended and (self.loop.pending or started):
-            self.loop.at(now + self.policy.rebalance_period_s, RANK_TICK, self._tick)
+        period = self.policy.rebalance_period_s
+        if not self.all_ended and (self.loop.pending or started) and period is not None:
+            self.loop.at(now + period, RANK_TICK, self._tick)

@@ -141,7 +141,7 @@ def queue_head(waiting: Sequence[RequestState]) -> RequestState | None:
     return min(waiting, key=lambda s: (s.tier, s.arrival_s, s.id))
 
 
-def _check_tiers(counts: dict[int, int], num_tiers: int | None) -> None:
+def check_tier_counts(counts: dict[int, int], num_tiers: int | None) -> None:
     if num_tiers is not None:
         for t in counts:
             if not 0 <= t < num_tiers:
@@ -153,11 +153,29 @@ def measure(view, num_tiers: int | None = None) -> InstanceLoad:
     paused in a final migration stage): all of it is committed memory. Raises ConfigError for a tier ≥ K.
 
     Constant time from the view's load counters (`LoadCounters`) when it has them; otherwise a walk over
-    its queues (`measure_by_walk`, the definition the counters must reproduce exactly)."""
+    its queues (`measure_by_walk`, the definition the counters must reproduce exactly). A view that keeps
+    its last load (`InstanceHandle.measure_load`) answers from it; the result is then shared: read-only."""
+    measure_load = getattr(view, "measure_load", None)
+    if measure_load is not None:
+        return measure_load(num_tiers)
+    return measure_counters(view, num_tiers)
+
+
+def measure_all(views: Sequence, num_tiers: int | None = None) -> list[InstanceLoad]:
+    """`measure` of each view, in order (one call per dispatch: the per-view wrapper is most of a kept read)."""
+    loads = []
+    for v in views:
+        measure_load = getattr(v, "measure_load", None)
+        loads.append(measure_load(num_tiers) if measure_load is not None else measure_counters(v, num_tiers))
+    return loads
+
+
+def measure_counters(view, num_tiers: int | None = None) -> InstanceLoad:
+    """`measure` from the load counters alone, nothing kept (or by a walk for views without counters)."""
     if not hasattr(view, "waiting_demand_blocks"):
         return measure_by_walk(view, num_tiers)
     counts = view.tier_counts
-    _check_tiers(counts, num_tiers)
+    check_tier_counts(counts, num_tiers)
     bs = view.block_size
     head = view.waiting_head
     hol = blocks_for(head.num_tokens, bs) if head is not None else 0
@@ -179,7 +197,7 @@ def measure_by_walk(view, num_tiers: int | None = None) -> InstanceLoad:
         for s in group:
             t = s.tier
             counts[t] = counts.get(t, 0) + 1
-    _check_tiers(counts, num_tiers)
+    check_tier_counts(counts, num_tiers)
     head = queue_head(waiting)
     hol = blocks_for(head.num_tokens, bs) if head is not None else 0
     hol += sum(blocks_for(s.num_tokens, bs) for s in swapped)   # swapped KV must come back before they run

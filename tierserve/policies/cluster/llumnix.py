@@ -15,7 +15,7 @@ from typing import Sequence
 from tierserve.core import ConfigError, RequestState, Status
 from tierserve.policies.cluster.base import ClusterPolicy, InstanceView, Move
 from tierserve.policies.cluster.freeness import (
-    FlatHeadroom, HeadroomSchedule, InstanceLoad, check_num_tiers, freeness, measure,
+    FlatHeadroom, HeadroomSchedule, InstanceLoad, check_num_tiers, freeness, measure_all,
 )
 from tierserve.policies.cluster.migration_policy import (
     check_request_policy, move_cost_blocks, narrows_gap, pair_instances, pick_candidate,
@@ -57,6 +57,8 @@ class LlumnixPolicy(ClusterPolicy):
         self.hold_when_busy = bool(hold_when_busy)
         self.migration_enabled = bool(migration)
         self.headroom = self.make_headroom(headroom_blocks)
+        # tier -> instance -> (its load, the budgets, dispatch freeness) of the last dispatch that computed it
+        self._kept_freeness: dict[int, dict[int, tuple[InstanceLoad, list[float], float]]] = {}
 
     # ----- what subclasses vary -----
     def make_headroom(self, headroom_blocks: int | None) -> HeadroomSchedule:
@@ -79,7 +81,7 @@ class LlumnixPolicy(ClusterPolicy):
         return t
 
     def loads(self, instances: Sequence[InstanceView]) -> list[InstanceLoad]:
-        return [measure(v, self.num_tiers) for v in instances]
+        return measure_all(instances, self.num_tiers)
 
     def migration_freeness(self, load: InstanceLoad) -> float:
         """Seed 000: every tier present on the instance charges its budget once."""
@@ -99,18 +101,38 @@ class LlumnixPolicy(ClusterPolicy):
     def dispatch(self, state: RequestState, instances: Sequence[InstanceView], now: float) -> int | None:
         self.check_tier(state)
         tier = self.effective_tier(state, now)
-        best_free, best_any = None, None
+        headroom = self.headroom
+        busy = self.busy_threshold
+        budgets_of: dict[int, list[float]] = {}     # M -> budgets, read once per dispatch
+        kept = self._kept_freeness.get(tier)
+        if kept is None:
+            kept = self._kept_freeness[tier] = {}
+        # The freest instance, ties to the lowest index (the order of the key (freeness, −index)), overall
+        # and among those not busy.
+        any_f = free_f = 0.0
+        any_i: int | None = None
+        free_i: int | None = None
         for load in self.loads(instances):
-            budgets = self.headroom.budgets(load.total_blocks)
-            f = load.freeness(self.dispatch_headroom(load, tier, budgets))
-            key = (f, -load.index)
-            if best_any is None or key > best_any[0]:
-                best_any = (key, load.index)
-            if f >= self.busy_threshold and (best_free is None or key > best_free[0]):
-                best_free = (key, load.index)
-        if best_free is not None:
-            return best_free[1]
-        return None if self.hold_when_busy else best_any[1]
+            m = load.total_blocks
+            budgets = budgets_of.get(m)
+            if budgets is None:
+                budgets = budgets_of[m] = headroom.budgets(m)
+            i = load.index
+            # An instance unchanged since the last tier-`tier` dispatch (the same kept load object, the same
+            # budgets) has the same freeness: `dispatch_headroom` and `freeness` read nothing else.
+            entry = kept.get(i)
+            if entry is not None and entry[0] is load and entry[1] == budgets:
+                f = entry[2]
+            else:
+                f = load.freeness(self.dispatch_headroom(load, tier, budgets))
+                kept[i] = (load, budgets, f)
+            if any_i is None or f > any_f or (f == any_f and i < any_i):
+                any_f, any_i = f, i
+            if f >= busy and (free_i is None or f > free_f or (f == free_f and i < free_i)):
+                free_f, free_i = f, i
+        if free_i is not None:
+            return free_i
+        return None if self.hold_when_busy else any_i
 
     # ----- migration -----
     def rebalance(self, instances: Sequence[InstanceView], now: float) -> list[Move]:
