@@ -1,12 +1,25 @@
 """Shared fixtures: a simple linear execution-time model and small request streams."""
 from __future__ import annotations
 
+import importlib.util
 import random
+from pathlib import Path
 
 import pytest
 
 from tierserve import _native
 from tierserve.core import Request
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(relative_path: str, module_name: str):
+    """A file of the repository that is not in a package (a benchmark, a script), imported as `module_name`."""
+    spec = importlib.util.spec_from_file_location(module_name, REPO_ROOT / relative_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def pytest_collection_modifyitems(config, items):

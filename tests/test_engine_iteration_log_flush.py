@@ -11,6 +11,7 @@ import csv
 from types import SimpleNamespace
 
 import tierserve.engines.vllm.logs as logs
+from test_engine_vllm_driver import greedy_schedule
 from tierserve.engines.vllm import EngineSettings, PolicyDriver
 
 
@@ -39,12 +40,7 @@ def test_rows_reach_the_file_at_the_empty_step_that_idles_the_engine(tmp_path, m
     while running or waiting:
         hints = d.plan_step(running, waiting, free_blocks=64)
         running, waiting = hints.running + hints.admit, hints.held
-        sched, left = {}, hints.budget
-        for r in running:                                       # vLLM's greedy loop within the budget
-            n = min(r.num_tokens - r.num_computed_tokens, left)
-            left -= n
-            r.num_computed_tokens += n
-            sched[r.request_id] = n
+        sched = greedy_schedule(running, hints.budget)
         d.record_schedule(sched, {r.request_id: r for r in running}, [], t)
         t += 0.005
         now[0] += 0.005

@@ -270,6 +270,18 @@ def test_relegated_requests_are_marked_and_served_last():
     assert [r.request_id for r in hints.admit] == ["r1"]             # tier 2 goes before the relegated tier 0
 
 
+def greedy_schedule(running: list, budget: int) -> dict[str, int]:
+    """vLLM's greedy loop within the token budget: each running request in order takes what it needs of what is
+    left; its computed tokens advance. Returns request id -> tokens scheduled."""
+    sched, left = {}, budget
+    for r in running:
+        n = min(r.num_tokens - r.num_computed_tokens, left)
+        left -= n
+        r.num_computed_tokens += n
+        sched[r.request_id] = n
+    return sched
+
+
 def test_iteration_log_is_what_calibrate_reads(tmp_path):
     from tierserve.hardware.calibration import calibrate_from_iterations
     d = make_driver(tmp_path)
@@ -283,13 +295,7 @@ def test_iteration_log_is_what_calibrate_reads(tmp_path):
         hints = d.plan_step(running, waiting, free_blocks=64)
         running = hints.running + hints.admit
         waiting = hints.held
-        sched = {}
-        left = hints.budget
-        for r in running:                                            # vLLM's greedy loop within the budget
-            n = min(r.num_tokens - r.num_computed_tokens, left)
-            left -= n
-            r.num_computed_tokens += n
-            sched[r.request_id] = n
+        sched = greedy_schedule(running, hints.budget)
         d.record_schedule(sched, {r.request_id: r for r in running}, [], t)
         t += 0.002 + 1e-5 * sum(sched.values())
         for r in running:

@@ -1,25 +1,20 @@
 """The Vidur side of benchmarks/sim_speed.py: the CLI it builds reproduces each reference run's config.json, the
 requests Vidur draws are replayed unchanged, and a live run refuses to time a cold predictor cache."""
-import importlib.util
 import shutil
-from pathlib import Path
 
 import pytest
 
 from tierserve.core.paths import shared_data
 from tierserve.workload import read_vidur_run
+from conftest import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(shared_data("vidur", "reference_runs", "l3_vllm_poisson_qps4_n1000") is None,
                                 reason="shared/data/vidur/reference_runs absent")
 
 
 @pytest.fixture(scope="module")
 def sim_speed():
-    spec = importlib.util.spec_from_file_location("sim_speed", ROOT / "benchmarks" / "sim_speed.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/sim_speed.py", "sim_speed")
 
 
 def _flags(cmd: list[str]) -> dict[str, str | None]:

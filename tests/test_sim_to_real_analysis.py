@@ -1,22 +1,17 @@
 """benchmarks/sim_to_real.py's analysis of recorded runs: iteration rows assigned to runs by step ends (a late
 flush must not shift them), the bootstrap interval of a real percentile, and the drift check of step times.
 Synthetic inputs with known answers; no vLLM needed."""
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
 T = 1_000_000.0         # an epoch-like offset: the arithmetic must survive large stamps
 
 
 @pytest.fixture(scope="module")
 def s2r():
-    spec = importlib.util.spec_from_file_location("sim_to_real_analysis", ROOT / "benchmarks" / "sim_to_real.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/sim_to_real.py", "sim_to_real_analysis")
 
 
 def one_request_run(start_s, step_ms, tokenless_ms=()):

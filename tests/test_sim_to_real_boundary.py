@@ -3,21 +3,16 @@
 Synthetic request logs with known step ends: a request stamped by the API server, queued by the engine core at
 the end of the step in progress, and one queued on an idle core. No vLLM needed.
 """
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def s2r():
-    spec = importlib.util.spec_from_file_location("sim_to_real_under_test", ROOT / "benchmarks" / "sim_to_real.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/sim_to_real.py", "sim_to_real_under_test")
 
 
 def record(tier, arrival, queued, first_scheduled, first_token, gaps_ms):
