@@ -116,6 +116,10 @@ def test_calibrate_from_iterations_then_simulate_with_the_fit(tmp_path):
     fit_json = tmp_path / "fit.json"
     result = runner.invoke(app, ["calibrate", "--iterations", str(log), "--out", str(fit_json)])
     assert result.exit_code == 0, result.output
+    # The ±1% noise planted above is what the recorded step-time table shows (mean ≈ 1, CV well under 1%).
+    table = json.loads(fit_json.read_text())["step_time_ratios"]
+    assert len(table) == 64 and "step-time ratio table (64 values" in result.output
+    assert abs(sum(table) / 64 - 1) < 0.002 and 0.003 < max(table) - 1 < 0.02
     cfg = ScenarioConfig.from_dict({"workload": {"num_requests": 200},
                                     "cluster": {"replica": {"exec_model_file": str(fit_json)}}})
     res = run_scenario(cfg)

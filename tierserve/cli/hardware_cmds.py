@@ -62,6 +62,18 @@ def _describe(console: Console, model: str, gpu: str, tp: int, calibrated: bool,
     console.print(t)
 
 
+def _print_step_ratios(console, ratios: list[float]) -> None:
+    """The measured/predicted step-time table the fit records (what `step_time_variability` draws from)."""
+    if not ratios:
+        console.print("no step-time ratio table (fewer rows than its 64 values)")
+        return
+    import numpy as np
+    r = np.asarray(ratios)
+    console.print(f"step-time ratio table ({len(r)} values, for cluster.replica.step_time_variability): mean "
+                  f"{r.mean():.3f}, CV {r.std() / r.mean():.3f}, P10/P90 {np.percentile(r, 10):.2f}/"
+                  f"{np.percentile(r, 90):.2f}")
+
+
 def _print_physical_fit(console: Console, fit) -> None:
     """Fitted parameters, then every logged iteration: measured, physical-only, fitted, leave-one-out."""
     console.print(f"physical fit of {fit.n_rows} iterations for {fit.model}/{fit.gpu}/tp{fit.tp}:")
@@ -150,6 +162,7 @@ def register(app: typer.Typer) -> None:
                     _print_physical_fit(console, fit)
                 else:
                     console.print(f"fitted {fit.n_rows} iterations (linear model); held-out MAPE {fit.mape_test:.2f}%")
+                _print_step_ratios(console, fit.step_time_ratios)
         except TierserveError as e:
             console.print(f"[red]error:[/] {e}")
             raise typer.Exit(2) from None
