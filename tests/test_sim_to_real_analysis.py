@@ -136,3 +136,32 @@ def test_drift_threshold_grows_with_the_window_count_and_is_seeded(s2r):
     assert s2r.drift_threshold(dev, 1, 2) == float("inf")
     with pytest.raises(ValueError, match="2 calibration windows for 2 runs"):
         s2r.drift_threshold(dev[:2], 10, 2)
+
+
+def test_speed_windows_measure_each_window_against_the_fit(s2r):
+    """10 ms steps predicted by the fit, measured 2× in the first second, 1× in the next, then a second with
+    too few steps (keeps 1×), then 0.5×: the speed trace says exactly that, in seconds from t0."""
+    coef = np.array([0.010, 0.0, 0.0, 0.0, 0.0])            # every step predicted 10 ms
+    rows, ends, t = [], {}, T
+    for k, (factor, n) in enumerate(((2.0, 40), (1.0, 80), (1.0, 2), (0.5, 150))):
+        w_start = T + k * 1.0
+        t = max(t, w_start)
+        for j in range(n):
+            step = len(rows)
+            rows.append({"step": step, "prefill_tokens": 0, "decode_count": 1, "prefill_attn_pairs": 0,
+                         "decode_context_sum": 0, "measured_ms": 10.0 * factor})
+            t += 0.010 * factor
+            ends[step] = t
+    assert s2r.speed_windows(rows, coef, ends, T) == [(0.0, 2.0), (1.0, 1.0), (3.0, 0.5)]
+    assert s2r.speed_windows(rows[:5], coef, {}, T) == []          # no step end known: no trace
+
+
+def test_reanalysis_needs_the_recorded_seed(s2r, tmp_path, capsys):
+    (tmp_path / "runs.json").write_text('{"seed": 11}')
+    with pytest.raises(SystemExit):
+        s2r.main(["--reanalyse", "--out", str(tmp_path), "--seed", "3"])
+    assert "was recorded with seed 11" in capsys.readouterr().err
+    (tmp_path / "runs.json").write_text('{}')
+    with pytest.raises(SystemExit):
+        s2r.main(["--reanalyse", "--out", str(tmp_path)])
+    assert "does not record its seed" in capsys.readouterr().err

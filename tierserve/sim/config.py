@@ -50,6 +50,14 @@ class ReplicaConfig(BaseModel):
                                         "iteration), so runs repeat exactly and skip-ahead stays exact. Needs an "
                                         "exec_model_file with that table; off: step times are the model's alone.")
 
+    speed_trace: list[tuple[Float, Float]] = Field(
+        default_factory=list, description="Piecewise-constant speed of every replica over simulated time: "
+                                          "(from_s, factor) pairs, from_s strictly increasing from >= 0; an "
+                                          "iteration that starts after from_s (and before the next pair) "
+                                          "takes factor x its modelled time. Replays a machine's measured slow and "
+                                          "fast periods (benchmarks/sim_to_real.py's speed replay) or models "
+                                          "throttling. Not with live migration, which sets the same factor.")
+
     @field_validator("exec_model_file")
     @classmethod
     def _readable_model_file(cls, v: str | None) -> str | None:
@@ -67,6 +75,18 @@ class ReplicaConfig(BaseModel):
                                  "--iterations` fit)")
             from tierserve.hardware.calibration import read_step_time_ratios
             read_step_time_ratios(path)
+        return v
+
+    @field_validator("speed_trace")
+    @classmethod
+    def _speed_trace_ordered(cls, v: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        for k, (from_s, factor) in enumerate(v):
+            if not (math.isfinite(from_s) and from_s >= 0):
+                raise ValueError(f"pair {k}: from_s {from_s!r} must be a finite time >= 0 (seconds)")
+            if not (math.isfinite(factor) and factor > 0):
+                raise ValueError(f"pair {k}: factor {factor!r} must be a finite number > 0")
+            if k and from_s <= v[k - 1][0]:
+                raise ValueError(f"pair {k}: from_s {from_s!r} must come after the previous pair's {v[k - 1][0]!r}")
         return v
 
     @field_validator("model")

@@ -7,7 +7,7 @@ from itertools import islice
 from operator import attrgetter, le
 from typing import Sequence
 
-from tierserve.core import Request, RequestState, Status
+from tierserve.core import ConfigError, Request, RequestState, Status
 from tierserve.core.gc_tuning import collect_less_often
 from tierserve.core.histogram import LogHistogram
 from tierserve.hardware.specs import engine_defaults, get_model
@@ -18,6 +18,8 @@ from tierserve.sim.cluster import Cluster
 from tierserve.sim.config import ClusterConfig
 from tierserve.sim.events import EventLoop
 from tierserve.sim.replica import Replica
+
+RANK_SPEED_CHANGE = 3     # after the iteration ends and arrivals of the same instant, as a migration's copy stages
 
 
 @dataclass
@@ -140,6 +142,14 @@ def _simulate(cfg: ClusterConfig, requests: Sequence[Request], num_tiers: int, s
     if getattr(policy, "migrates", False):
         from tierserve.sim.migration import MigrationExecutor
         migration = MigrationExecutor(replicas, loop, cfg)
+    if cfg.replica.speed_trace:
+        if migration is not None:
+            raise ConfigError("replica.speed_trace", cfg.replica.speed_trace,
+                              f"empty with a live-migrating cluster policy ({cfg.cluster_policy!r} sets each source "
+                              f"replica's speed factor while it copies)")
+        for from_s, factor in cfg.replica.speed_trace:
+            for r in replicas:
+                loop.at(from_s, RANK_SPEED_CHANGE, r.set_slowdown, float(factor))
     cluster = Cluster(replicas, policy, loop, requests, rule, seed=seed, migration_executor=migration)
     if migration is not None:
         migration.bind(cluster)
