@@ -6,7 +6,8 @@ from typing import Any, Callable, Sequence
 
 from tierserve.core import Request, RequestState, Status
 from tierserve.policies.cluster.base import ClusterPolicy, Move
-from tierserve.policies.cluster.freeness import InstanceLoad, check_tier_counts
+from tierserve.policies.cluster.freeness import InstanceLoad, check_tier_counts, measure
+from tierserve.sim.deadline_load import DeadlineLoad
 from tierserve.sim.events import EventLoop
 from tierserve.sim.replica import Replica
 
@@ -27,7 +28,7 @@ class InstanceHandle:
         self.block_size = replica.block_size
         self.max_num_seqs = replica.max_num_seqs
         self.migrating_count = 0
-        self._deadline_load: Any = None          # a DeadlineLoad once `track_deadline_load` ran
+        self._deadline_load: DeadlineLoad | None = None      # once `track_deadline_load` ran
         # `measure_load`'s last answer: the queue-derived part is valid while the replica's queues_version
         # equals _load_version; the whole load while its blocks, running count and migrations are unchanged too.
         self._load: InstanceLoad | None = None
@@ -42,16 +43,17 @@ class InstanceHandle:
 
     def track_deadline_load(self) -> None:
         """Keep the replica's deadline load from now on (`DeadlineLoad`; for policies that read it)."""
-        from tierserve.sim.deadline_load import DeadlineLoad
-        self._deadline_load = DeadlineLoad(self._replica)
-        self._deadline_load.observe(self._replica.policy)
+        load = DeadlineLoad(self._replica)
+        load.observe(self._replica.policy)
+        self._deadline_load = load
 
     def deadline_load(self, deadline: float) -> tuple[int, int, int]:
         """(prefill tokens ahead of `deadline`, running decodes, their context tokens): `DeadlineLoad.load`."""
-        if self._deadline_load is None:
+        load = self._deadline_load
+        if load is None:
             raise RuntimeError("deadline_load: the cluster was not asked to track it (policy.uses_deadline_load)")
-        self._replica.sync()
-        return self._deadline_load.load(deadline)
+        self._replica.checkpoint()           # the load adds a decode run's unapplied progress itself
+        return load.load(deadline)
 
     @property
     def used_blocks(self) -> int:
@@ -144,6 +146,18 @@ class InstanceHandle:
         load = self._load = InstanceLoad(self.index, self.total_blocks, self.block_size, used, hol, num_running,
                                          queued, counts, preempted, migrating, False)
         return load
+
+    @staticmethod
+    def measure_each(views: Sequence[Any], num_tiers: int | None = None) -> list[InstanceLoad]:
+        """`freeness.measure_all(views, num_tiers)`: each handle's `measure_load` (a direct call when
+        compiled), `freeness.measure` for any other view, in order."""
+        loads: list[InstanceLoad] = []
+        for v in views:
+            if isinstance(v, InstanceHandle):
+                loads.append(v.measure_load(num_tiers))
+            else:
+                loads.append(measure(v, num_tiers))
+        return loads
 
     @property
     def terminating(self) -> bool:
@@ -287,7 +301,9 @@ class Cluster:
     def _on_finish(self, state: RequestState) -> None:
         self.num_ended += 1
         if self._tracks_deadline_load:       # it may have run and ended between two reads of the load
-            self.handles[state.replica]._deadline_load.finished(state)
+            load = self.handles[state.replica]._deadline_load
+            if load is not None:
+                load.finished(state)
         if self.on_end is not None:
             self.on_end(self.live.pop(id(state))[0], state, None)
         if self.num_held:

@@ -23,9 +23,11 @@ the queues (`rebuilds` counts it) rather than answer wrong.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from typing import Any
 
 from tierserve.core import RequestState
 from tierserve.policies.local.deadlines import prefill_deadline
+from tierserve.sim.replica import Replica
 
 _BLOCK = 256          # entries per block of the sorted structure: a read sums ≤ n/_BLOCK block totals
 
@@ -34,16 +36,19 @@ class PrefixSums:
     """Integer values under unique sortable keys (deadline, seq); `sum_upto(D)` = Σ values with deadline ≤ D.
 
     A list of sorted blocks with per-block totals: insert/remove O(log n + _BLOCK), a prefix sum
-    O(log n + n/_BLOCK + _BLOCK) — all list operations that run in C.
+    O(log n + n/_BLOCK + _BLOCK) — all list operations that run in C. Each block also keeps its keys'
+    deadlines as plain floats, so a prefix sum bisects floats, not (deadline, seq) tuples.
     """
 
-    __slots__ = ("_keys", "_vals", "_totals", "_lasts", "count")
+    __slots__ = ("_keys", "_deadlines", "_vals", "_totals", "_lasts", "_last_deadlines", "count")
 
     def __init__(self) -> None:
         self._keys: list[list[tuple[float, int]]] = []
+        self._deadlines: list[list[float]] = []        # the keys' deadlines, block by block
         self._vals: list[list[int]] = []
         self._totals: list[int] = []
         self._lasts: list[tuple[float, int]] = []     # the largest key of each block
+        self._last_deadlines: list[float] = []        # … and its deadline
         self.count = 0
 
     def insert(self, key: tuple[float, int], value: int) -> None:
@@ -51,79 +56,111 @@ class PrefixSums:
         lasts = self._lasts
         if not lasts:
             self._keys.append([key])
+            self._deadlines.append([key[0]])
             self._vals.append([value])
             self._totals.append(value)
             lasts.append(key)
+            self._last_deadlines.append(key[0])
             return
         b = bisect_left(lasts, key)
         if b == len(lasts):
             b -= 1
-        keys, vals = self._keys[b], self._vals[b]
+        keys, deadlines, vals = self._keys[b], self._deadlines[b], self._vals[b]
         i = bisect_left(keys, key)
         keys.insert(i, key)
+        deadlines.insert(i, key[0])
         vals.insert(i, value)
         self._totals[b] += value
         lasts[b] = keys[-1]
+        self._last_deadlines[b] = deadlines[-1]
         if len(keys) > 2 * _BLOCK:                    # split: keep blocks short so an insert stays cheap
             self._keys[b + 1:b + 1] = [keys[_BLOCK:]]
+            self._deadlines[b + 1:b + 1] = [deadlines[_BLOCK:]]
             self._vals[b + 1:b + 1] = [vals[_BLOCK:]]
-            del keys[_BLOCK:], vals[_BLOCK:]
+            del keys[_BLOCK:], deadlines[_BLOCK:], vals[_BLOCK:]
             self._totals[b:b + 1] = [sum(vals), sum(self._vals[b + 1])]
             lasts[b:b + 1] = [keys[-1], self._keys[b + 1][-1]]
+            self._last_deadlines[b:b + 1] = [deadlines[-1], self._deadlines[b + 1][-1]]
 
     def remove(self, key: tuple[float, int]) -> None:
         b = bisect_left(self._lasts, key)
+        if b == len(self._lasts):
+            raise KeyError(key)
         keys = self._keys[b]
         i = bisect_left(keys, key)
         if i == len(keys) or keys[i] != key:
             raise KeyError(key)
         self.count -= 1
         del keys[i]
+        deadlines = self._deadlines[b]
+        del deadlines[i]
         self._totals[b] -= self._vals[b].pop(i)
         if keys:
             self._lasts[b] = keys[-1]
+            self._last_deadlines[b] = deadlines[-1]
         else:
-            del self._keys[b], self._vals[b], self._totals[b], self._lasts[b]
+            del self._keys[b], self._deadlines[b], self._vals[b], self._totals[b]
+            del self._lasts[b], self._last_deadlines[b]
 
     def sum_upto(self, deadline: float) -> int:
-        bound = (deadline, float("inf"))              # above every (deadline, seq) key with that deadline
-        b = bisect_right(self._lasts, bound)          # blocks before b lie wholly at or below the deadline
-        total = sum(self._totals[:b])
-        if b < len(self._lasts):
-            keys = self._keys[b]
-            total += sum(self._vals[b][:bisect_right(keys, bound)])
+        last_deadlines = self._last_deadlines
+        b = bisect_right(last_deadlines, deadline)    # blocks before b lie wholly at or below the deadline
+        total = 0
+        totals = self._totals
+        for j in range(b):
+            total += totals[j]
+        if b < len(last_deadlines):
+            vals = self._vals[b]
+            for j in range(bisect_right(self._deadlines[b], deadline)):
+                total += vals[j]
         return total
 
 
 class DeadlineLoad:
     """The deadline load of one replica (module docstring); `replica` has running/waiting/swapped lists."""
 
-    def __init__(self, replica) -> None:
-        self._replica = replica
+    def __init__(self, replica: Any) -> None:
+        self._replica: Any = replica
+        # The simulator's replica: its executor stamps say when the running part may have changed.
+        self._stamped: Replica | None = replica if isinstance(replica, Replica) else None
         self._queued = PrefixSums()
         # id -> key in `_queued`, or None for a relegated one (queued, counted as no work ahead)
         self._entries: dict[int, tuple[float, int] | None] = {}
         self._seq = 0
         self.rebuilds = 0
+        # The running part as of the last walk, valid while the stamps below are unchanged: decodes, their
+        # context, and the running non-relegated partial prefills' (prefill deadline, tokens left).
+        self._kept = False
+        self._queues_version = -1
+        self._exec_version = -1
+        self._busy = False
+        self._run_done = -1
+        self._run_batch = 0
+        self._decodes = 0
+        self._context = 0
+        self._partial_deadlines: list[float] = []
+        self._partial_left: list[int] = []
+        self.walks = 0                   # reads that walked the running list (the rest reused the kept part)
+        self.advances = 0                # reads that advanced the kept context over a decode run's iterations
 
-    def observe(self, local_policy) -> None:
+    def observe(self, local_policy: Any) -> None:
         """Chain onto the hooks the replica calls when a request joins a queue, is relegated or leaves."""
         on_arrival, on_preempt = local_policy.on_arrival, local_policy.on_preempt
         on_relegate, on_migrate_out = local_policy.on_relegate, local_policy.on_migrate_out
 
-        def arrived(state, view):
+        def arrived(state: RequestState, view: Any) -> None:
             on_arrival(state, view)
             self.queued(state)
 
-        def preempted(state, mode, view):
+        def preempted(state: RequestState, mode: Any, view: Any) -> None:
             on_preempt(state, mode, view)
             self.queued(state)
 
-        def relegated(state, view):
+        def relegated(state: RequestState, view: Any) -> None:
             on_relegate(state, view)
             self.relegated(state)
 
-        def migrated_out(state, view):
+        def migrated_out(state: RequestState, view: Any) -> None:
             on_migrate_out(state, view)
             self.forget(state)
 
@@ -143,6 +180,7 @@ class DeadlineLoad:
         self._entries[state.id] = key
 
     def relegated(self, state: RequestState) -> None:
+        self._kept = False                            # a running partial prefill may be the one relegated
         if state.id in self._entries:
             self.forget(state)
             self._entries[state.id] = None
@@ -152,7 +190,8 @@ class DeadlineLoad:
         if key is not None:
             self._queued.remove(key)
 
-    finished = forget
+    def finished(self, state: RequestState) -> None:
+        self.forget(state)
 
     def _rebuild(self) -> None:
         self.rebuilds += 1
@@ -165,20 +204,69 @@ class DeadlineLoad:
     # ----- the read -----
     def load(self, deadline: float) -> tuple[int, int, int]:
         """(prefill tokens ahead of `deadline`, running decodes, their context tokens); the replica must be
-        synced to now (the handle's `running` does it)."""
-        r = self._replica
+        brought to now first: `Replica.sync`, or `Replica.checkpoint` (a decode run's iterations ended but
+        not applied are then added here)."""
+        r = self._stamped
+        if r is None:
+            rep = self._replica
+            self._walk(rep.running, rep.waiting, rep.swapped)
+        else:
+            run = r._run
+            # Iterations of the decode run in flight ended by now: applied (`done`), or recorded for its next
+            # pass (`checkpoint`), so the requests' counts still lack them.
+            done = -1
+            if run is not None:
+                done = run.pending[-1][0] if run.pending else run.done
+            if not (self._kept and r.queues_version == self._queues_version and r._version == self._exec_version
+                    and r._busy == self._busy):
+                self._walk(r.running, r.waiting, r.swapped)
+                if run is not None and done > run.done:
+                    self._context += len(run.batch) * (done - run.done)
+                self._kept = True
+                self._queues_version, self._exec_version, self._busy = r.queues_version, r._version, r._busy
+                self._run_done = done
+                self._run_batch = len(run.batch) if run is not None else 0
+            elif done != self._run_done:
+                # The same decode run advanced: each of its requests (all running decodes) gained a token per
+                # iteration applied, and nothing else in running changed (any join, leave or new iteration
+                # moves a stamp).
+                self._context += self._run_batch * (done - self._run_done)
+                self._run_done = done
+                self.advances += 1
+        ahead = 0
+        partial_deadlines = self._partial_deadlines
+        if partial_deadlines:
+            partial_left = self._partial_left
+            for j in range(len(partial_deadlines)):
+                if partial_deadlines[j] <= deadline:
+                    ahead += partial_left[j]
+        queued = self._queued
+        if queued.count:
+            ahead += queued.sum_upto(deadline)
+        return ahead, self._decodes, self._context
+
+    def _walk(self, running: list[RequestState], waiting: list[RequestState],
+              swapped: list[RequestState]) -> None:
+        """Recount the running part; drop the entries of requests that left a queue for running (no hook
+        sees that) and rebuild the queued part if the entries still disagree in number with the queues."""
+        self.walks += 1
         entries = self._entries
-        ahead = decodes = context = 0
-        for q in r.running:
-            if entries and q.id in entries:
+        left_queues = len(entries) > len(waiting) + len(swapped)     # some entry is for a request gone
+        decodes = context = 0
+        partial_deadlines: list[float] = []
+        partial_left: list[int] = []
+        for q in running:
+            if left_queues and q.id in entries:
                 self.forget(q)                        # left the queue for running since the last read
             left = q.num_tokens - q.num_computed_tokens
             if left > 1 or q.num_generated == 0:      # a partial prefill
-                if not q.relegated and prefill_deadline(q) <= deadline:
-                    ahead += left
+                if not q.relegated:
+                    partial_deadlines.append(prefill_deadline(q))
+                    partial_left.append(left)
             else:
                 decodes += 1
                 context += q.num_computed_tokens + 1
-        if len(entries) != len(r.waiting) + len(r.swapped):
+        self._decodes, self._context = decodes, context
+        self._partial_deadlines, self._partial_left = partial_deadlines, partial_left
+        if len(entries) != len(waiting) + len(swapped):
             self._rebuild()
-        return ahead + self._queued.sum_upto(deadline), decodes, context

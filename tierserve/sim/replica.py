@@ -155,8 +155,10 @@ class Replica:
         self._decode_hold_inline = holds_computed_plus_next(policy)
         # The policy names its all-decode batch (`decode_batch`): when nothing waits, a decode run starts
         # from it without a plan, and after a run its sums come from the run's own last pass.
+        # An iteration hook is called at every iteration's end either way (a decode run's too), so it does
+        # not bar decode runs started without a plan; admissions and chunks started so do (below).
         self._keeps_batch = (type(policy).decode_batch is not LocalPolicy.decode_batch
-                             and self._decode_hold_inline and not self._iteration_hook)
+                             and self._decode_hold_inline)
         self._carry: tuple | None = None
         # A run's carry kept over an iteration that only admits new requests (vLLM v0's prefill batches):
         # (running-set epoch, n, grow, ctx, rem, tier counts); the epoch counts joins and leaves of `running`.
@@ -169,7 +171,8 @@ class Replica:
         self._decodes_then_prefill = False
         # The policy names its admissions beside running decodes (`admits_waiting`): after a decode run or an
         # iteration that leaves only decodes, with requests waiting, the next starts without a plan.
-        self._admission_cap = policy.admits_waiting() if self._keeps_batch else None
+        self._admission_cap = (policy.admits_waiting() if self._keeps_batch and not self._iteration_hook
+                               else None)
         self._chunks: ChunkRun | None = None      # chunk iterations in flight as one (see `ChunkRun`)
         self._hold_per_chunk = type(policy).blocks_to_hold is _hold_per_chunk
         self._hold_whole_prompt = type(policy).blocks_to_hold is _hold_whole_prompt
@@ -289,6 +292,18 @@ class Replica:
         if run is not None:
             j = self._ended_by(run, self.loop.now)
             self._apply_run(run, j, j < len(run.ends))
+        elif self._chunks is not None:
+            self._chunks_dissolve()
+
+    def checkpoint(self) -> None:
+        """`sync` for a reader that adds a decode run's unapplied progress itself (`DeadlineLoad.load`): the
+        run's iterations ended by now are recorded as a pending checkpoint — applied in the run's next pass with
+        the arithmetic `sync` would apply them with now, as a deferred cut's are — instead of a pass now."""
+        run = self._run
+        if run is not None:
+            j = self._ended_by(run, self.loop.now)
+            if j > (run.pending[-1][0] if run.pending else run.done):
+                run.pending.append((j, j < len(run.ends)))
         elif self._chunks is not None:
             self._chunks_dissolve()
 

@@ -21,18 +21,21 @@ priority with α = 0); relegated requests are left out, since a Niyama replica s
 What the view carries (`base.DeadlineLoadView`, kept by the driver because this policy sets
 `uses_deadline_load`): `deadline_load(D_r)` = (ahead_i, B_i, C_i) exactly as defined above, from a structure the
 driver keeps per replica (`sim.deadline_load`: queued requests' prefill tokens in a sorted
-prefix-sum structure keyed by prefill deadline, updated through the replica's hooks; only the running list,
-≤ max_num_seqs, is walked), so a dispatch costs O(R · (log n + running)) instead of a walk over every queued
-request of every replica; and `predictor`, the replica's own execution-time model (the same exec_mode,
-overhead and exec_model_file its iterations are timed with). `predictor=` overrides it (tests).
+prefix-sum structure keyed by prefill deadline, updated through the replica's hooks; the running part kept
+between reads and recounted only when the replica's running set or iteration changed), so a dispatch costs
+O(R · log n) in the usual case instead of a walk over every request of every replica; and `predictor`, the
+replica's own execution-time model (the same exec_mode, overhead and exec_model_file its iterations are timed
+with). `predictor=` overrides it (tests). The loop over instances is `slack_argmax.SlackArgmax` (compiled),
+which also reuses an instance's iteration price while its (B_i, C_i) are unchanged.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
+from typing import Any
 
 from tierserve.core import ConfigError, RequestState
 from tierserve.policies.cluster.base import ClusterPolicy, InstanceView
+from tierserve.policies.cluster.slack_argmax import SlackArgmax
 from tierserve.policies.local.deadlines import prefill_deadline
 
 
@@ -48,20 +51,20 @@ class DeadlineSlackDispatch(ClusterPolicy):
             raise ConfigError("predictor", predictor, "an execution-time model with iteration_time(...)")
         self.chunk_tokens = chunk_tokens
         self.predictor = predictor
+        self._argmax = SlackArgmax()
 
     def predicted_slack_s(self, state: RequestState, inst: InstanceView, now: float) -> float:
         """D_r − predicted first-token time of `state` on `inst` (module docstring)."""
         deadline = prefill_deadline(state)
-        ahead, decodes, context = inst.deadline_load(deadline)
-        predictor = self.predictor if self.predictor is not None else inst.predictor
+        view: Any = inst                      # an InstanceView that is also a DeadlineLoadView
+        ahead, decodes, context = view.deadline_load(deadline)
+        predictor = self.predictor if self.predictor is not None else view.predictor
         c = self.chunk_tokens
         per_iteration_s = predictor.iteration_time(c, c * c * 0.5, decodes, context)
         return deadline - (now + (ahead + state.num_tokens - state.num_computed_tokens) / c * per_iteration_s)
 
     def dispatch(self, state: RequestState, instances: Sequence[InstanceView], now: float) -> int:
-        best, best_key = 0, (math.inf, math.inf, math.inf)
-        for i, inst in enumerate(instances):
-            key = (-self.predicted_slack_s(state, inst, now), inst.num_outstanding, i)
-            if key < best_key:
-                best, best_key = i, key
-        return best
+        """argmax over instances of `predicted_slack_s` (ties: fewer outstanding requests, then the lower
+        index), with the same arithmetic (`SlackArgmax`, compiled with the simulator's hot path)."""
+        return self._argmax.best(instances, prefill_deadline(state), state.num_tokens - state.num_computed_tokens,
+                                 self.chunk_tokens, self.predictor, now)

@@ -6,19 +6,23 @@ M = total KV blocks; B = running requests (+1 if any are waiting); V = virtual u
   running request → the blocks it holds; head of the waiting queue → its whole prompt demand in blocks
   (the rest of the queue 0: de-fragmentation on); headroom → one budget per tier present on the instance;
   a terminating instance → +∞ (so F = −∞). An instance with nothing on it has F = +∞.
-Per-tier headroom (seed 000): H_p = M · h_max · e^{−λp}, h_max = 0.20, λ = ln 3; K = 1 has none.
+Per-tier headroom (seed 000): H_p = M · h_max · e^{−λp}, h_max = 0.20, λ = ln 3; K = 1 has none
+(the schedules live in `headroom`, re-exported here).
+
+The simulator compiles this module (tierserve/_native.py): a dispatch reads every instance's load and
+freeness, so `measure_all` and `freest` are the per-instance loops of a Llumnix dispatch.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from tierserve.core import ConfigError, RequestState
-
-DEFAULT_H_MAX = 0.20
-DEFAULT_DECAY = math.log(3.0)       # each tier reserves ≈ 1/3 of the one above (seed 000)
-ARTIFACT_RESERVE_TOKENS = 1600      # Llumnix artifact: high priority sees only M − (M − 1600/16) blocks
+from tierserve.policies.cluster.headroom import (  # noqa: F401  (re-exported: the public names of this module)
+    ARTIFACT_RESERVE_TOKENS, DEFAULT_DECAY, DEFAULT_H_MAX, ExponentialHeadroom, FlatHeadroom, HeadroomSchedule,
+    ScaledHeadroom, check_num_tiers,
+)
 
 
 def freeness(total_blocks: int, used_blocks: float, hol_blocks: float, headroom_blocks: float,
@@ -32,78 +36,11 @@ def freeness(total_blocks: int, used_blocks: float, hol_blocks: float, headroom_
     return (total_blocks - used_blocks - hol_blocks - headroom_blocks) / b
 
 
-def check_num_tiers(num_tiers: int) -> int:
-    if isinstance(num_tiers, bool) or not isinstance(num_tiers, int) or num_tiers < 1:
-        raise ConfigError("num_tiers", num_tiers, "an integer >= 1")
-    return num_tiers
-
-
-class HeadroomSchedule:
-    """Blocks reserved per tier present on an instance of M blocks: `budgets(M)[p]` for p in 0..K−1."""
-
-    num_tiers: int
-
-    def budgets(self, total_blocks: int) -> list[float]:
-        raise NotImplementedError
-
-
-class ExponentialHeadroom(HeadroomSchedule):
-    """Seed 000: H_p = M · h_max · e^{−λp} for K ≥ 2; K = 1 reserves nothing (no tier to isolate from)."""
-
-    def __init__(self, num_tiers: int, h_max: float = DEFAULT_H_MAX, decay: float = DEFAULT_DECAY) -> None:
-        self.num_tiers = check_num_tiers(num_tiers)
-        if not (isinstance(h_max, (int, float)) and 0.0 <= h_max < 1.0):
-            raise ConfigError("h_max", h_max, "a fraction in [0, 1)")
-        if not (isinstance(decay, (int, float)) and math.isfinite(decay) and decay >= 0.0):
-            raise ConfigError("decay", decay, "a finite rate >= 0 (λ; ln 3 ≈ 1.0986 by default)")
-        self.h_max = float(h_max)
-        self.decay = float(decay)
-        self._budgets: dict[int, list[float]] = {}
-
-    def fractions(self) -> list[float]:
-        if self.num_tiers == 1:
-            return [0.0]
-        return [self.h_max * math.exp(-self.decay * p) for p in range(self.num_tiers)]
-
-    def budgets(self, total_blocks: int) -> list[float]:
-        """Read on every dispatch for every instance: computed once per M (treat the list as read-only)."""
-        b = self._budgets.get(total_blocks)
-        if b is None:
-            b = self._budgets[total_blocks] = [total_blocks * f for f in self.fractions()]
-        return b
-
-
-class ScaledHeadroom(HeadroomSchedule):
-    """A base schedule with a per-tier multiplier (what adaptive headroom tunes online)."""
-
-    def __init__(self, base: HeadroomSchedule, scales: list[float]) -> None:
-        self.num_tiers = base.num_tiers
-        self.base = base
-        self.scales = scales
-
-    def budgets(self, total_blocks: int) -> list[float]:
-        return [h * s for h, s in zip(self.base.budgets(total_blocks), self.scales)]
-
-
-class FlatHeadroom(HeadroomSchedule):
-    """Llumnix's artifact: one high level (tier 0) reserves a flat budget, default M − 1600/block_size blocks."""
-
-    def __init__(self, num_tiers: int, headroom_blocks: int | None = None, block_size: int = 16) -> None:
-        self.num_tiers = check_num_tiers(num_tiers)
-        if headroom_blocks is not None and (not isinstance(headroom_blocks, int) or headroom_blocks < 0):
-            raise ConfigError("headroom_blocks", headroom_blocks, "an integer >= 0, or null for M − 100 blocks")
-        self.headroom_blocks = headroom_blocks
-        self.block_size = block_size
-
-    def budgets(self, total_blocks: int) -> list[float]:
-        h0 = (self.headroom_blocks if self.headroom_blocks is not None
-              else max(total_blocks - ARTIFACT_RESERVE_TOKENS // self.block_size, 0))
-        return [float(h0)] + [0.0] * (self.num_tiers - 1)
-
-
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class InstanceLoad:
-    """One instance's freeness inputs, read once per decision (Llumnix: load as a value object)."""
+    """One instance's freeness inputs, read once per decision (Llumnix: load as a value object).
+
+    `__init__` is written out (the dataclass's own would be interpreted code: most of a compiled read)."""
 
     index: int
     total_blocks: int
@@ -116,6 +53,21 @@ class InstanceLoad:
     preempted_waiting: bool = False
     migrating: bool = False
     terminating: bool = False
+
+    def __init__(self, index: int, total_blocks: int, block_size: int, used_blocks: int, hol_blocks: int,
+                 num_running: int, num_waiting: int, tier_counts: dict[int, int] | None = None,
+                 preempted_waiting: bool = False, migrating: bool = False, terminating: bool = False) -> None:
+        self.index = index
+        self.total_blocks = total_blocks
+        self.block_size = block_size
+        self.used_blocks = used_blocks
+        self.hol_blocks = hol_blocks
+        self.num_running = num_running
+        self.num_waiting = num_waiting
+        self.tier_counts = {} if tier_counts is None else tier_counts
+        self.preempted_waiting = preempted_waiting
+        self.migrating = migrating
+        self.terminating = terminating
 
     def freeness(self, headroom_blocks: float = 0.0) -> float:
         return freeness(self.total_blocks, self.used_blocks, self.hol_blocks, headroom_blocks,
@@ -162,7 +114,13 @@ def measure(view, num_tiers: int | None = None) -> InstanceLoad:
 
 
 def measure_all(views: Sequence, num_tiers: int | None = None) -> list[InstanceLoad]:
-    """`measure` of each view, in order (one call per dispatch: the per-view wrapper is most of a kept read)."""
+    """`measure` of each view, in order (one call per dispatch). A view class with a `measure_each(views,
+    num_tiers)` static method (the simulator's `InstanceHandle`) reads the whole list itself."""
+    if not views:
+        return []
+    measure_each = getattr(type(views[0]), "measure_each", None)
+    if measure_each is not None:
+        return measure_each(views, num_tiers)
     loads = []
     for v in views:
         measure_load = getattr(v, "measure_load", None)
@@ -174,7 +132,7 @@ def measure_counters(view, num_tiers: int | None = None) -> InstanceLoad:
     """`measure` from the load counters alone, nothing kept (or by a walk for views without counters)."""
     if not hasattr(view, "waiting_demand_blocks"):
         return measure_by_walk(view, num_tiers)
-    counts = view.tier_counts
+    counts = dict(view.tier_counts)       # the load's own copy: never mutated (`freest` keys on it)
     check_tier_counts(counts, num_tiers)
     bs = view.block_size
     head = view.waiting_head
@@ -205,3 +163,111 @@ def measure_by_walk(view, num_tiers: int | None = None) -> InstanceLoad:
     return InstanceLoad(view.index, view.total_blocks, bs, view.used_blocks, hol, len(running),
                         len(waiting) + len(swapped), counts, preempted, bool(view.migrating),
                         view.terminating)
+
+
+# How `freest` charges the dispatch headroom: the policy's own `dispatch_headroom` for every changed load,
+# or one of the two built-in rules computed here (the same arithmetic as their `dispatch_headroom` methods).
+CHARGE_BY_METHOD = 0
+CHARGE_HIGH_PRESENT = 1      # llumnix: a normal request pays budgets[0] where tier 0 is present, tier 0 where absent
+CHARGE_TIERS_ABOVE = 2       # llumnix_k: the budgets of the tiers present that outrank the request's tier
+
+
+class KeptFreeness:
+    """An instance's dispatch freeness for one tier and what it came from: the load object, the budgets,
+    and the headroom charge with the tier-count dict it was computed from."""
+
+    def __init__(self, load: InstanceLoad, budgets: Any, counts: dict[int, int], charge: float,
+                 free: float) -> None:
+        self.load = load
+        self.budgets = budgets
+        self.counts = counts
+        self.charge = charge
+        self.free = free
+
+
+def freest(loads: list[InstanceLoad], tier: int, headroom: Any, busy: float, kept: dict[int, KeptFreeness],
+           rule: int, charge: Any) -> tuple[int, int]:
+    """(freest instance whose dispatch freeness is >= `busy`, freest instance), −1 for none; ties go to the
+    lowest index. Dispatch freeness = `load.freeness(h)`, h = the headroom charge of a tier-`tier` request
+    (`rule`; `charge(load, tier, budgets)` for CHARGE_BY_METHOD) with `headroom.budgets(M)`.
+
+    `kept` (per tier, instance index -> KeptFreeness) carries the last answer: the freeness of the same load
+    object with equal budgets is reused (the charge and `freeness` read nothing else); a built-in rule's
+    charge is reused while the load's tier-count dict is the same object (a load's counts are never mutated,
+    and a charge reads nothing else)."""
+    any_i = free_i = -1
+    any_f = free_f = 0.0
+    last_m = -1
+    budgets: Any = None
+    budgets_of: dict[int, Any] = {}          # M -> budgets: read once per M per call
+    for load in loads:
+        m = load.total_blocks
+        if m != last_m:
+            budgets = budgets_of.get(m)
+            if budgets is None:
+                budgets = budgets_of[m] = headroom.budgets(m)
+            last_m = m
+        i = load.index
+        entry = kept.get(i)
+        if entry is not None and entry.load is load and (entry.budgets is budgets or entry.budgets == budgets):
+            f = entry.free
+        else:
+            counts = load.tier_counts
+            if (entry is not None and rule != CHARGE_BY_METHOD and entry.counts is counts
+                    and (entry.budgets is budgets or entry.budgets == budgets)):
+                h = entry.charge
+            elif rule == CHARGE_TIERS_ABOVE:
+                h = 0.0                                  # = load.headroom(budgets, below=tier), same order
+                for p in counts:
+                    if p < tier:
+                        h += budgets[p] if p < len(budgets) else 0.0
+            elif rule == CHARGE_HIGH_PRESENT:
+                h = budgets[0] if (tier == 0) != (0 in counts) else 0.0
+            else:
+                h = charge(load, tier, budgets)
+            f = load.freeness(h)
+            if entry is None:
+                kept[i] = KeptFreeness(load, budgets, counts, h, f)
+            else:
+                entry.load, entry.budgets, entry.counts, entry.charge, entry.free = load, budgets, counts, h, f
+        if any_i < 0 or f > any_f or (f == any_f and i < any_i):
+            any_f, any_i = f, i
+        if f >= busy and (free_i < 0 or f > free_f or (f == free_f and i < free_i)):
+            free_f, free_i = f, i
+    return free_i, any_i
+
+
+def migration_freeness_all(loads: list[InstanceLoad], headroom: Any) -> list[float]:
+    """`load.freeness(load.headroom(headroom.budgets(M)))` of each load, in order (seed 000's migration
+    freeness: every tier present charges its budget once)."""
+    frees: list[float] = []
+    last_m = -1
+    budgets: Any = None
+    for load in loads:
+        m = load.total_blocks
+        if m != last_m:
+            budgets = headroom.budgets(m)
+            last_m = m
+        frees.append(load.freeness(load.headroom(budgets)))
+    return frees
+
+
+def pair_by_freeness(loads: list[InstanceLoad], frees: list[float],
+                     threshold: float) -> list[tuple[InstanceLoad, InstanceLoad]]:
+    """`migration_policy.pair_instances` with each load's freeness given (frees[k] of loads[k]; loads that
+    are migrating are skipped)."""
+    # (freeness, index, position): sorted as tuples, position last so equal keys keep the input order
+    src: list[tuple[float, int, int]] = []
+    dst: list[tuple[float, int, int]] = []
+    for k in range(len(loads)):
+        load = loads[k]
+        if load.migrating:
+            continue
+        f = frees[k]
+        if load.terminating or load.preempted_waiting or f < threshold:
+            src.append((f, load.index, k))
+        elif f >= threshold:
+            dst.append((-f, load.index, k))
+    src.sort()
+    dst.sort()
+    return [(loads[s[2]], loads[d[2]]) for s, d in zip(src, dst)]

@@ -15,7 +15,8 @@ from typing import Sequence
 from tierserve.core import ConfigError, RequestState, Status
 from tierserve.policies.cluster.base import ClusterPolicy, InstanceView, Move
 from tierserve.policies.cluster.freeness import (
-    FlatHeadroom, HeadroomSchedule, InstanceLoad, check_num_tiers, freeness, measure_all,
+    CHARGE_BY_METHOD, CHARGE_HIGH_PRESENT, FlatHeadroom, HeadroomSchedule, InstanceLoad, KeptFreeness,
+    check_num_tiers, freeness, freest, measure_all, migration_freeness_all,
 )
 from tierserve.policies.cluster.migration_policy import (
     check_request_policy, move_cost_blocks, narrows_gap, pair_instances, pick_candidate,
@@ -57,8 +58,11 @@ class LlumnixPolicy(ClusterPolicy):
         self.hold_when_busy = bool(hold_when_busy)
         self.migration_enabled = bool(migration)
         self.headroom = self.make_headroom(headroom_blocks)
-        # tier -> instance -> (its load, the budgets, dispatch freeness) of the last dispatch that computed it
-        self._kept_freeness: dict[int, dict[int, tuple[InstanceLoad, list[float], float]]] = {}
+        # tier -> instance -> its dispatch freeness and what it came from, as the last dispatch computed it
+        self._kept_freeness: dict[int, dict[int, KeptFreeness]] = {}
+        # `freest` computes the built-in charge itself; a subclass's own `dispatch_headroom` is called instead
+        self._charge_rule = (CHARGE_HIGH_PRESENT if type(self).dispatch_headroom is LlumnixPolicy.dispatch_headroom
+                             else CHARGE_BY_METHOD)
 
     # ----- what subclasses vary -----
     def make_headroom(self, headroom_blocks: int | None) -> HeadroomSchedule:
@@ -101,45 +105,27 @@ class LlumnixPolicy(ClusterPolicy):
     def dispatch(self, state: RequestState, instances: Sequence[InstanceView], now: float) -> int | None:
         self.check_tier(state)
         tier = self.effective_tier(state, now)
-        headroom = self.headroom
-        busy = self.busy_threshold
-        budgets_of: dict[int, list[float]] = {}     # M -> budgets, read once per dispatch
         kept = self._kept_freeness.get(tier)
         if kept is None:
             kept = self._kept_freeness[tier] = {}
-        # The freest instance, ties to the lowest index (the order of the key (freeness, −index)), overall
-        # and among those not busy.
-        any_f = free_f = 0.0
-        any_i: int | None = None
-        free_i: int | None = None
-        for load in self.loads(instances):
-            m = load.total_blocks
-            budgets = budgets_of.get(m)
-            if budgets is None:
-                budgets = budgets_of[m] = headroom.budgets(m)
-            i = load.index
-            # An instance unchanged since the last tier-`tier` dispatch (the same kept load object, the same
-            # budgets) has the same freeness: `dispatch_headroom` and `freeness` read nothing else.
-            entry = kept.get(i)
-            if entry is not None and entry[0] is load and entry[1] == budgets:
-                f = entry[2]
-            else:
-                f = load.freeness(self.dispatch_headroom(load, tier, budgets))
-                kept[i] = (load, budgets, f)
-            if any_i is None or f > any_f or (f == any_f and i < any_i):
-                any_f, any_i = f, i
-            if f >= busy and (free_i is None or f > free_f or (f == free_f and i < free_i)):
-                free_f, free_i = f, i
-        if free_i is not None:
+        loads = self.loads(instances)
+        # The freest instance not busy, else the freest (ties to the lowest index), by dispatch freeness.
+        free_i, any_i = freest(loads if type(loads) is list else list(loads), tier, self.headroom,
+                               self.busy_threshold, kept, self._charge_rule, self.dispatch_headroom)
+        if free_i >= 0:
             return free_i
-        return None if self.hold_when_busy else any_i
+        return None if self.hold_when_busy or any_i < 0 else any_i
 
     # ----- migration -----
     def rebalance(self, instances: Sequence[InstanceView], now: float) -> list[Move]:
         if not self.migration_enabled:
             return []
         loads = self.loads(instances)
-        free = {ld.index: self.migration_freeness(ld) for ld in loads}
+        if type(self).migration_freeness is LlumnixPolicy.migration_freeness:
+            frees = migration_freeness_all(loads if type(loads) is list else list(loads), self.headroom)
+        else:
+            frees = [self.migration_freeness(ld) for ld in loads]
+        free = {ld.index: f for ld, f in zip(loads, frees)}
         moves = []
         for src, dst in pair_instances(loads, lambda ld: free[ld.index], self.migrate_threshold):
             view = instances[src.index]

@@ -21,7 +21,8 @@ from typing import Sequence
 from tierserve.core import ConfigError, RequestState
 from tierserve.policies.cluster.base import InstanceView, Move
 from tierserve.policies.cluster.freeness import (
-    DEFAULT_DECAY, DEFAULT_H_MAX, ExponentialHeadroom, HeadroomSchedule, InstanceLoad, ScaledHeadroom,
+    CHARGE_TIERS_ABOVE, DEFAULT_DECAY, DEFAULT_H_MAX, ExponentialHeadroom, HeadroomSchedule, InstanceLoad,
+    ScaledHeadroom,
 )
 from tierserve.policies.cluster.llumnix import (
     BUSY_THRESHOLD, MIGRATE_OUT_THRESHOLD, REBALANCE_PERIOD_S, LlumnixPolicy, _positive,
@@ -43,6 +44,8 @@ class LlumnixK(LlumnixPolicy):
                          min(protected_tiers, num_tiers - 1) if isinstance(num_tiers, int) and num_tiers >= 1
                          else protected_tiers,
                          None, hold_when_busy, migration)
+        if type(self).dispatch_headroom is LlumnixK.dispatch_headroom:
+            self._charge_rule = CHARGE_TIERS_ABOVE
 
     def make_headroom(self, headroom_blocks: int | None) -> HeadroomSchedule:
         return ExponentialHeadroom(self.num_tiers, self._h_max, self._decay)

@@ -12,7 +12,7 @@ import math
 from typing import Callable, Sequence
 
 from tierserve.core import ConfigError, RequestState, Status
-from tierserve.policies.cluster.freeness import InstanceLoad, blocks_for
+from tierserve.policies.cluster.freeness import InstanceLoad, blocks_for, pair_by_freeness
 
 REQUEST_POLICIES = ("tiered", "SR", "LR", "LCR", "FCW")
 
@@ -75,10 +75,10 @@ def narrows_gap(src_before: float, dst_before: float, src_after: float, dst_afte
 
 def pair_instances(loads: Sequence[InstanceLoad], free: Callable[[InstanceLoad], float],
                    threshold: float) -> list[tuple[InstanceLoad, InstanceLoad]]:
-    """(source, destination) pairs: least free source with freest destination, and so on."""
+    """(source, destination) pairs: least free source with freest destination, and so on.
+
+    Sources: not migrating, and terminating, holding preempted requests or freeness < threshold;
+    destinations: the other loads not migrating with freeness >= threshold; ordered by (freeness, index)
+    and (−freeness, index). `free` is read once per load not migrating."""
     ready = [ld for ld in loads if not ld.migrating]
-    src = [ld for ld in ready if ld.terminating or ld.preempted_waiting or free(ld) < threshold]
-    dst = [ld for ld in ready if not (ld.terminating or ld.preempted_waiting) and free(ld) >= threshold]
-    src.sort(key=lambda ld: (free(ld), ld.index))
-    dst.sort(key=lambda ld: (-free(ld), ld.index))
-    return list(zip(src, dst))
+    return pair_by_freeness(ready, [free(ld) for ld in ready], threshold)

@@ -14,6 +14,7 @@ learned online from finished requests.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 from tierserve.core import SLO, ConfigError, RequestState
 
@@ -55,11 +56,11 @@ def completion_deadline(state: RequestState) -> float:
 def token_deadline(state: RequestState, n: int) -> float:
     """Deadline of the n-th output token (n ≥ 1) of an interactive request; late-prefill rule after token 1."""
     slo = state.slo
-    d_first = state.arrival_s + slo.ttft_s
+    d_first = state.arrival_s + cast(float, slo.ttft_s)     # cast: None (not interactive) is a TypeError
     if n <= 1:
         return d_first
     base = state.first_token_s if state.first_token_s > d_first else d_first
-    return base + (n - 1) * slo.tbt_s
+    return base + (n - 1) * cast(float, slo.tbt_s)
 
 
 def next_token_deadline(state: RequestState) -> float:
@@ -89,6 +90,9 @@ def decode_slack_s(state: RequestState, now: float, decode_remaining_est: float)
     return left / decode_remaining_est if left > 0 else left
 
 
+_TIER_KEYS = tuple(f"tier{t}" for t in range(64))     # an app-less request's estimator key, by tier
+
+
 class DecodeLengthEstimator:
     """Per-application decode length, learned online: estimate = mean + k·σ of observed lengths (Niyama §
     hybrid prioritisation: "2 standard deviations above" the application's history).
@@ -96,7 +100,7 @@ class DecodeLengthEstimator:
     Requests with no `app` are keyed by tier. Before `min_samples` observations the prior is used.
     """
 
-    __slots__ = ("sigmas", "prior_tokens", "min_samples", "_stats")
+    __slots__ = ("sigmas", "prior_tokens", "min_samples", "_stats", "_totals")
 
     def __init__(self, sigmas: float = 2.0, prior_tokens: float = 256.0, min_samples: int = 2) -> None:
         if not (math.isfinite(sigmas) and sigmas >= 0):
@@ -107,14 +111,21 @@ class DecodeLengthEstimator:
         self.prior_tokens = prior_tokens
         self.min_samples = min_samples
         self._stats: dict[str, list[float]] = {}     # key -> [count, mean, M2] (Welford)
+        self._totals: dict[str, float] = {}          # key -> total_tokens, until its next observation
 
     @staticmethod
     def key(state: RequestState) -> str:
-        return state.app or f"tier{state.tier}"
+        app = state.app
+        if app:
+            return app
+        tier = state.tier
+        return _TIER_KEYS[tier] if 0 <= tier < len(_TIER_KEYS) else f"tier{tier}"
 
     def observe(self, state: RequestState) -> None:
         """A request finished having produced `num_generated` tokens (observed, not the oracle)."""
-        s = self._stats.setdefault(self.key(state), [0.0, 0.0, 0.0])
+        key = self.key(state)
+        self._totals.pop(key, None)
+        s = self._stats.setdefault(key, [0.0, 0.0, 0.0])
         x = float(state.num_generated)
         s[0] += 1.0
         d = x - s[1]
@@ -122,10 +133,16 @@ class DecodeLengthEstimator:
         s[2] += d * (x - s[1])
 
     def total_tokens(self, state: RequestState) -> float:
-        s = self._stats.get(self.key(state))
-        if s is None or s[0] < self.min_samples:
-            return self.prior_tokens
-        return s[1] + self.sigmas * math.sqrt(s[2] / (s[0] - 1.0))
+        key = self.key(state)
+        total = self._totals.get(key)
+        if total is None:           # computed once per observation of its key (plans ask for it per decode)
+            s = self._stats.get(key)
+            if s is None or s[0] < self.min_samples:
+                total = self.prior_tokens
+            else:
+                total = s[1] + self.sigmas * math.sqrt(s[2] / (s[0] - 1.0))
+            self._totals[key] = total
+        return total
 
     def remaining(self, state: RequestState) -> float:
         """Estimated tokens still to produce (at least 1 while unfinished)."""
