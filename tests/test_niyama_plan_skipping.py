@@ -11,43 +11,22 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import LinearPredictor, make_requests
+from conftest import make_requests
 from tierserve.core import SLO, RequestState
 from tierserve.policies.local import LOCAL_POLICIES
 from tierserve.policies.local.deadlines import DecodeLengthEstimator
-from tierserve.sim import ClusterConfig, simulate
 from test_sim_deferred_apply import fingerprint
+from test_sim_plan_skipping import run_counting_plans
 
 TIGHT = (SLO(ttft_s=0.5, tbt_s=0.03), SLO(ttlt_s=5.0), SLO(ttlt_s=15.0))     # deadlines that bind
 ROOMY = (SLO(ttft_s=6.0, tbt_s=0.05), SLO(ttlt_s=600.0), SLO(ttlt_s=1800.0))  # Niyama's QoS classes
 
 
 def run(reqs, monkeypatch, skip: bool, params: dict, **cfg) -> tuple:
-    """One run; `skip` False: each policy's `plan` is replaced on the instance by the same function, which
-    `decode_batch` must refuse (every plan is asked for). Returns (fingerprint, relegations, plan calls)."""
-    cls = LOCAL_POLICIES.get_class("niyama")
-    calls = {"plan": 0}
-    original_plan = cls.plan
-
-    def counted_plan(self, view):
-        calls["plan"] += 1
-        return original_plan(self, view)
-
-    original_create = LOCAL_POLICIES.create
-
-    def create(name, **kw):
-        p = original_create(name, **kw)
-        if not skip:
-            p.plan = lambda view, p=p: counted_plan(p, view)   # the same plan, replaced on the instance
-        return p
-
-    with monkeypatch.context() as m:
-        m.setattr(cls, "plan", counted_plan)
-        m.setattr(LOCAL_POLICIES, "create", create)
-        res = simulate(ClusterConfig(local_policy="niyama", local_policy_params=params, **cfg), reqs, 3,
-                       predictor=LinearPredictor())
+    """One niyama run (`run_counting_plans`): (fingerprint, relegations, plan calls)."""
+    res, plans = run_counting_plans("niyama", reqs, monkeypatch, skip, params, **cfg)
     relegations = [(s.id, s.relegated_s, s.relegation_reason) for s in res.states]
-    return fingerprint(res), relegations, calls["plan"]
+    return fingerprint(res), relegations, plans
 
 
 def _requests(n, rate, slos, seed=1):

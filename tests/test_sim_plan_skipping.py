@@ -19,9 +19,9 @@ from test_sim_deferred_apply import fingerprint
 POLICIES = ["sarathi", "vllm", "vllm_priority", "vllm_v0"]      # the ones that declare their steady plans
 
 
-def run(policy: str, reqs, monkeypatch, skip: bool, **cfg) -> tuple:
+def run_counting_plans(policy: str, reqs, monkeypatch, skip: bool, params: dict | None = None, **cfg) -> tuple:
     """One run; with `skip` False every plan is asked for (the policy's `plan` replaced on each instance by
-    the same function, which its declarations must refuse). Returns the fingerprint and `plan` calls."""
+    the same function, which its declarations must refuse). Returns the result and the `plan` calls."""
     cls = next(c for c in LOCAL_POLICIES.get_class(policy).__mro__ if "plan" in c.__dict__)   # defines `plan`
     calls = {"plan": 0}
     original_plan = cls.plan
@@ -32,8 +32,8 @@ def run(policy: str, reqs, monkeypatch, skip: bool, **cfg) -> tuple:
 
     original_create = LOCAL_POLICIES.create
 
-    def create(name, **params):
-        p = original_create(name, **params)
+    def create(name, **kw):
+        p = original_create(name, **kw)
         if not skip:
             p.plan = lambda view, p=p: counted_plan(p, view)   # the same plan, replaced on the instance
         return p
@@ -41,8 +41,14 @@ def run(policy: str, reqs, monkeypatch, skip: bool, **cfg) -> tuple:
     with monkeypatch.context() as m:
         m.setattr(cls, "plan", counted_plan)
         m.setattr(LOCAL_POLICIES, "create", create)
-        res = simulate(ClusterConfig(local_policy=policy, **cfg), reqs, 3, predictor=LinearPredictor())
-    return fingerprint(res), calls["plan"]
+        res = simulate(ClusterConfig(local_policy=policy, local_policy_params=params or {}, **cfg), reqs, 3,
+                       predictor=LinearPredictor())
+    return res, calls["plan"]
+
+
+def run(policy: str, reqs, monkeypatch, skip: bool, params: dict | None = None, **cfg) -> tuple:
+    res, plans = run_counting_plans(policy, reqs, monkeypatch, skip, params, **cfg)
+    return fingerprint(res), plans
 
 
 CASES = {
@@ -89,8 +95,8 @@ def test_a_replaced_or_overridden_plan_gets_no_promise():
 def test_admissions_capped_by_long_prefill_threshold_equal_asking(monkeypatch):
     # v1 caps each request's chunk: admissions started without a plan must cap it the same way
     reqs = make_requests(300, rate=8.0, num_tiers=3, prompt=(20, 1500))
-    cfg = dict(num_replicas=2, local_policy_params={"long_prefill_threshold": 128})
-    skipped, plans_skipped = run("vllm", reqs, monkeypatch, True, **cfg)
-    asked, plans_asked = run("vllm", reqs, monkeypatch, False, **cfg)
+    params = {"long_prefill_threshold": 128}
+    skipped, plans_skipped = run("vllm", reqs, monkeypatch, True, params, num_replicas=2)
+    asked, plans_asked = run("vllm", reqs, monkeypatch, False, params, num_replicas=2)
     assert skipped == asked
     assert plans_skipped < 0.8 * plans_asked
