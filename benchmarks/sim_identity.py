@@ -32,12 +32,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 
 
-def _workload(n: int, rate: float, fit_lengths: bool = False) -> dict:
-    # fit_lengths: the embedded fit to the same dataset (no ../shared needed, e.g. in CI's tests)
+def _workload(n: int, rate: float, fit_lengths: bool = False, preset: str | None = None) -> dict:
+    # fit_lengths: the embedded fit to the same dataset (no ../shared needed, e.g. in CI's tests);
+    # preset: the tiers' SLO preset ("niyama": QoS classes with deadlines, which deadline_slack orders by)
     kind = "fit" if fit_lengths else "empirical"
+    tiers = {"num_tiers": 3, "mix": "uniform", **({"preset": preset} if preset else {})}
     return {"num_requests": n, "arrivals": {"kind": "poisson", "rate": rate},
-            "lengths": {"kind": kind, "dataset": "azure2023_conv", "max_total_tokens": 4096},
-            "tiers": {"num_tiers": 3, "mix": "uniform"}}
+            "lengths": {"kind": kind, "dataset": "azure2023_conv", "max_total_tokens": 4096}, "tiers": tiers}
 
 
 def stacks(quick: bool, fit_lengths: bool = False) -> dict[str, dict]:
@@ -63,6 +64,11 @@ def stacks(quick: bool, fit_lengths: bool = False) -> dict[str, dict]:
         out[f"sarathi+{cluster}"] = {"seed": 5, "cluster": {"num_replicas": 4, "local_policy": "sarathi",
                                                             "cluster_policy": cluster},
                                      "workload": _workload(2 * n, 22.0, fit_lengths)}
+    for local, blocks in (("niyama", None), ("vllm", 900)):      # deadline-slack dispatch reads every replica
+        replica = {"num_blocks": blocks} if blocks else {}
+        out[f"{local}+deadline_slack" + ("_small_kv" if blocks else "")] = {"seed": 17, "cluster": {
+            "num_replicas": 4, "local_policy": local, "cluster_policy": "deadline_slack", "replica": replica},
+            "workload": _workload(2 * n, 30.0, fit_lengths, preset="niyama")}
     out["vllm_swap_small_kv"] = {"seed": 11, "cluster": {
         "num_replicas": 2, "local_policy": "vllm", "local_policy_params": {"preempt_mode": "swap"},
         "replica": {"num_blocks": 900, "swap_space_gib": 0.05}}, "workload": _workload(n, 12.0, fit_lengths)}

@@ -89,8 +89,9 @@ def test_ci_runs_the_compiled_build():
 
 @needs_native
 def test_compiled_outputs_equal_pure_python_outputs():
-    """Every stack of benchmarks/sim_identity.py (every local policy, the migration stacks, swap, Vidur parity,
-    stepping, a time limit, a streamed run), compiled vs pure Python: every output file byte for byte."""
+    """Every stack of benchmarks/sim_identity.py (every local policy, the migration and deadline-slack stacks,
+    swap, Vidur parity, stepping, a time limit, a streamed run), compiled vs pure Python: every output file byte
+    for byte."""
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "sim_identity.py"), "--native-vs-pure",
                            "--quick", "--fit-lengths", "--work", str(REPO)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
