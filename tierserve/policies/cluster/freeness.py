@@ -121,11 +121,7 @@ def measure_all(views: Sequence, num_tiers: int | None = None) -> list[InstanceL
     measure_each = getattr(type(views[0]), "measure_each", None)
     if measure_each is not None:
         return measure_each(views, num_tiers)
-    loads = []
-    for v in views:
-        measure_load = getattr(v, "measure_load", None)
-        loads.append(measure_load(num_tiers) if measure_load is not None else measure_counters(v, num_tiers))
-    return loads
+    return [measure(v, num_tiers) for v in views]
 
 
 def measure_counters(view, num_tiers: int | None = None) -> InstanceLoad:
