@@ -1,5 +1,7 @@
 """The per-instance load a dispatch reuses (`InstanceHandle.measure_load`) is never stale: on every read of a
-llumnix run with preemptions and live migrations it equals a fresh walk over the instance's queues."""
+llumnix run with preemptions and live migrations it equals a fresh walk over the instance's queues, and its KV
+blocks (counted off a decode run's block-growth schedule, without applying the run) equal what applying the
+run up to the read gives."""
 from __future__ import annotations
 
 import pytest
@@ -10,12 +12,17 @@ from tierserve.policies.cluster.freeness import measure_by_walk, measure_counter
 from tierserve.policies.cluster.llumnix_k import LlumnixK, LlumnixKAdaptive
 from tierserve.sim import ClusterConfig, simulate
 
-SEEN = {"reads": 0, "reused": 0, "last": {}}
+SEEN = {"reads": 0, "reused": 0, "last": {}, "ahead": 0}
 
 
 def check_loads(instances, loads, num_tiers):
     assert len(loads) == len(instances)
     for v, kept in zip(instances, loads):
+        r = v._replica
+        if kept.used_blocks != r.total_blocks - r.free_blocks:
+            SEEN["ahead"] += 1          # the run's iterations since its last pass added blocks
+        r.sync()                        # applies them (the checkpoint the read recorded, same arithmetic)
+        assert kept.used_blocks == r.total_blocks - r.free_blocks
         walked, counted = measure_by_walk(v, num_tiers), measure_counters(v, num_tiers)
         assert kept == walked == counted, (kept, walked)
         assert list(kept.tier_counts) == list(walked.tier_counts)   # same order: headroom sums bit-identical
@@ -43,7 +50,7 @@ class CheckedAdaptive(LlumnixKAdaptive):
 def checked(monkeypatch):
     monkeypatch.setitem(CLUSTER_POLICIES.table, "checked_k", f"{__name__}:CheckedK")
     monkeypatch.setitem(CLUSTER_POLICIES.table, "checked_adaptive", f"{__name__}:CheckedAdaptive")
-    SEEN.update(reads=0, reused=0, last={})
+    SEEN.update(reads=0, reused=0, last={}, ahead=0)
 
 
 def run(policy: str, mode: str = "recompute", n: int = 600):
@@ -63,6 +70,7 @@ def test_kept_load_equals_a_fresh_walk_on_every_read(checked, policy, mode):
     assert SEEN["reads"] > 1000
     # The check saw the cache at work: many reads answered with the load object kept from the previous read.
     assert SEEN["reused"] > SEEN["reads"] // 10
+    assert SEEN["ahead"] > 20               # blocks counted off the schedule, not read after a pass
 
 
 class StaleK(CheckedK):

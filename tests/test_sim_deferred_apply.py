@@ -1,7 +1,8 @@
 """Speed paths of the executor give exactly what the plain paths give.
 
-A decode run cut by an arriving request records a checkpoint instead of bringing every request up to date at
-once; the checkpoints are applied in the run's next pass (`Replica._apply_pieces`). That must leave every
+A decode run cut by an arriving request, or read by a cluster policy (`Replica.used_blocks_now`), records a
+checkpoint instead of bringing every request up to date at once; the checkpoints are applied in the run's next
+pass (`Replica._apply_pieces`). That must leave every
 request, every histogram (bins, counts and sums), the KV block-seconds and the statistics bit-identical to
 applying each checkpoint when it happened.
 """
@@ -36,9 +37,15 @@ def run(cfg: ClusterConfig, reqs, monkeypatch, allow_defer: bool) -> tuple:
         calls["pieces"] += 1
         return original_pieces(self, run_, finished)
 
+    def used_blocks_synced(self):
+        self.sync()                 # the plain path: the run applied up to the read, then its blocks counted
+        return self.total_blocks - self.free_blocks
+
     with monkeypatch.context() as m:
         m.setattr(Replica, "_truncate_run", truncate)
         m.setattr(Replica, "_apply_pieces", pieces)
+        if not allow_defer:
+            m.setattr(Replica, "used_blocks_now", used_blocks_synced)
         res = simulate(cfg, reqs, 3, predictor=LinearPredictor())
     return fingerprint(res), calls["pieces"]
 

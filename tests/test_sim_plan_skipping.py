@@ -16,7 +16,8 @@ from tierserve.policies.local import LOCAL_POLICIES
 from tierserve.sim import ClusterConfig, simulate
 from test_sim_deferred_apply import fingerprint
 
-POLICIES = ["sarathi", "vllm", "vllm_priority", "vllm_v0"]      # the ones that declare their steady plans
+# the ones that declare their steady plans
+POLICIES = ["sarathi", "vllm", "vllm_priority", "vllm_priority_sorted", "llumlet", "vllm_v0"]
 
 
 def run_counting_plans(policy: str, reqs, monkeypatch, skip: bool, params: dict | None = None, **cfg) -> tuple:
@@ -86,9 +87,22 @@ def test_a_replaced_or_overridden_plan_gets_no_promise():
     from tierserve.policies.local.sarathi_fcfs import SarathiFCFSPolicy   # a subclass with its own plan
     sub = SarathiFCFSPolicy()
     assert sub.decode_batch([]) is None and not sub.repeats_prefill_chunk() and sub.admits_waiting() is None
-    # v1 serving running requests in another order: neither its decode batch nor its admissions are promised
-    sorted_running = LOCAL_POLICIES.create("vllm_priority_sorted")
-    assert sorted_running.decode_batch([]) is None and sorted_running.admits_waiting() is None
+    # a subclass serving running requests in its own order gets no promise from its parent's declaration
+    from tierserve.policies.local.vllm import VLLMPolicy, VLLMPriorityPolicy
+
+    class Reversed(VLLMPriorityPolicy):
+        def running_order(self, running):
+            return list(reversed(running))
+
+    class OwnResumable(VLLMPolicy):
+        def resumable(self, view):
+            return list(view.waiting)
+
+    assert Reversed().decode_batch([]) is None and Reversed().admits_waiting() is None
+    assert OwnResumable().decode_batch([]) is None and OwnResumable().admits_waiting() is None
+    # llumlet's aging reorders waiting requests by the time of the plan: its decodes are promised, not admissions
+    aging = LOCAL_POLICIES.create("llumlet", promote_after_s=0.5)
+    assert aging.decode_batch([]) == [] and aging.admits_waiting() is None
     assert LOCAL_POLICIES.create("vllm", long_prefill_threshold=64).admits_waiting() == 64
 
 
@@ -98,5 +112,17 @@ def test_admissions_capped_by_long_prefill_threshold_equal_asking(monkeypatch):
     params = {"long_prefill_threshold": 128}
     skipped, plans_skipped = run("vllm", reqs, monkeypatch, True, params, num_replicas=2)
     asked, plans_asked = run("vllm", reqs, monkeypatch, False, params, num_replicas=2)
+    assert skipped == asked
+    assert plans_skipped < 0.8 * plans_asked
+
+
+def test_llumlet_aging_decode_runs_equal_asking(monkeypatch):
+    # promotion re-ranks waiting requests as time passes; decode runs started without a plan must not miss it
+    reqs = make_requests(300, rate=12.0, num_tiers=3, prompt=(20, 1500))
+    params = {"promote_after_s": 0.2}
+    skipped, plans_skipped = run("llumlet", reqs, monkeypatch, True, params, num_replicas=1,
+                                 cluster_policy="round_robin")
+    asked, plans_asked = run("llumlet", reqs, monkeypatch, False, params, num_replicas=1,
+                             cluster_policy="round_robin")
     assert skipped == asked
     assert plans_skipped < 0.8 * plans_asked

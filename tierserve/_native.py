@@ -1,9 +1,9 @@
 """The compiled event loop: which modules an install compiles, and whether this process uses them.
 
 The simulator's hot path (the request state, the histogram, the event core, the replica executor, the cluster
-driver, the Llumnix freeness loops, deadline-slack dispatch and Niyama's plan) is compiled with mypyc from these
-same .py files when tierserve is installed (`setup.py`); the .py files stay the only implementation — there is no
-second copy. Why: at 50k requests the event loop is ~80% of a run, and CPython's attribute access and calls are
+driver, the Llumnix freeness loops, deadline-slack dispatch, Niyama's plan and the execution-time model's
+per-iteration part) is compiled with mypyc from these same .py files when tierserve is installed (`setup.py`);
+the .py files stay the only implementation — there is no second copy. Why: at 50k requests the event loop is ~80% of a run, and CPython's attribute access and calls are
 most of it; compiled, the loop took 3.0–3.4× less CPU in this session's measurements, with byte-identical outputs
 (benchmarks/sim_speed.py, tests/test_native.py), which session after session of pure-Python work could not reach
 (issue 11's ≥ 50× Vidur).
@@ -37,6 +37,7 @@ COMPILED_SOURCES: tuple[str, ...] = (        # relative to the repository root; 
     "tierserve/policies/local/deadlines.py",
     "tierserve/policies/local/prioqueue.py",
     "tierserve/policies/local/niyama_core.py",
+    "tierserve/hardware/exec_runtime.py",
 )
 BUILD_RECORD = "tierserve/_native_build.json"
 PURE_ENV = "TIERSERVE_PURE_PYTHON"

@@ -55,10 +55,24 @@ class InstanceHandle:
         self._replica.checkpoint()           # the load adds a decode run's unapplied progress itself
         return load.load(deadline)
 
+    @staticmethod
+    def deadline_load_each(views: Sequence[Any], deadline: float,
+                           with_predictor: bool) -> list[tuple[int, int, int, Any]]:
+        """Each view's `deadline_load(deadline)` and, `with_predictor`, its `predictor` (else None), in order:
+        what deadline-slack dispatch reads of every instance (a direct call for handles, compiled)."""
+        loads: list[tuple[int, int, int, Any]] = []
+        for v in views:
+            if isinstance(v, InstanceHandle):
+                ahead, decodes, context = v.deadline_load(deadline)
+                loads.append((ahead, decodes, context, v._replica.predictor if with_predictor else None))
+            else:
+                ahead, decodes, context = v.deadline_load(deadline)
+                loads.append((ahead, decodes, context, v.predictor if with_predictor else None))
+        return loads
+
     @property
     def used_blocks(self) -> int:
-        self._replica.sync()
-        return self._replica.total_blocks - self._replica.free_blocks
+        return self._replica.used_blocks_now()
 
     @property
     def running(self) -> list[RequestState]:
@@ -116,10 +130,11 @@ class InstanceHandle:
 
     def measure_load(self, num_tiers: int | None = None) -> InstanceLoad:
         """`freeness.measure_counters(self, num_tiers)`, the same values read at the same moments (queue
-        counters before the sync, blocks and running count after it), but kept between reads: a dispatch
-        reads every instance while few changed since the last one. The queue-derived part is recomputed when
-        `queues_version` moved (every join or leave bumps it), the load object when anything else it holds
-        changed; an unchanged load is the same object (policies treat loads as read-only)."""
+        counters, then blocks as a sync would leave them (`Replica.used_blocks_now`) and the running count),
+        but kept between reads: a dispatch reads every instance while few changed since the last one. The
+        queue-derived part is recomputed when `queues_version` moved (every join or leave bumps it), the load
+        object when anything else it holds changed; an unchanged load is the same object (policies treat loads
+        as read-only)."""
         r = self._replica
         version = r.queues_version
         if version != self._load_version or num_tiers != self._load_num_tiers:
@@ -134,8 +149,7 @@ class InstanceHandle:
             self._load_version = version
             self._load_num_tiers = num_tiers
             self._load = None
-        r.sync()
-        used = r.total_blocks - r.free_blocks
+        used = r.used_blocks_now()
         num_running = len(r.running)
         migrating = self.migrating_count > 0
         load = self._load

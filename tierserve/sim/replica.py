@@ -83,7 +83,7 @@ class DecodeRun:
     next pass over the batch (a cut by an arrival then costs no pass of its own).
     """
 
-    __slots__ = ("batch", "start_s", "ends", "done", "tier_counts", "pending")
+    __slots__ = ("batch", "start_s", "ends", "done", "tier_counts", "pending", "applied_tokens", "block_growth")
 
     def __init__(self, batch: list[RequestState], start_s: float, ends: list[float],
                  tier_counts: dict[int, int]) -> None:
@@ -93,6 +93,42 @@ class DecodeRun:
         self.done = 0
         self.tier_counts = tier_counts
         self.pending: list[tuple[int, bool]] = []
+        # Tokens of the run each request's blocks cover as applied (iteration 0's are given at the start).
+        self.applied_tokens = 1
+        self.block_growth: BlockGrowth | None = None    # built when first read (`Replica.used_blocks_now`)
+
+
+class BlockGrowth:
+    """The KV blocks a decode run's requests add as its iterations pass, counted without a pass over them.
+
+    Request r, holding b blocks with c tokens computed when the run started, needs its next block once the
+    run has covered s = b·bs − c + 1 of its tokens, then one every bs tokens; so the blocks added at count u
+    are the requests whose s is u plus those added at u − bs. `total[u]`: blocks added from the state the
+    schedule was built in (every s lies beyond it) up to u tokens; extended as far as it is read."""
+
+    __slots__ = ("block_size", "starts", "steps", "total")
+
+    def __init__(self, batch: list[RequestState], done: int, block_size: int) -> None:
+        starts: dict[int, int] = {}
+        for r in batch:
+            s = r.num_blocks * block_size - (r.num_computed_tokens - done) + 1
+            starts[s] = starts.get(s, 0) + 1
+        self.block_size = block_size
+        self.starts = starts
+        self.steps = [0]
+        self.total = [0]
+
+    def added(self, tokens: int) -> int:
+        total, steps, starts, bs = self.total, self.steps, self.starts, self.block_size
+        u = len(total)
+        while u <= tokens:
+            step = starts.get(u, 0)
+            if u > bs:
+                step += steps[u - bs]
+            steps.append(step)
+            total.append(total[u - 1] + step)
+            u += 1
+        return total[tokens]
 
 
 class ChunkRun:
@@ -306,6 +342,28 @@ class Replica:
                 run.pending.append((j, j < len(run.ends)))
         elif self._chunks is not None:
             self._chunks_dissolve()
+
+    def used_blocks_now(self) -> int:
+        """KV blocks in use as `sync` would leave them now, without its pass over a decode run: the run's
+        iterations ended by now are recorded as a pending checkpoint (as `checkpoint` does; applied later with
+        the same arithmetic) and the blocks they add are read off the run's `BlockGrowth`."""
+        run = self._run
+        if run is None:
+            if self._chunks is not None:
+                self._chunks_dissolve()
+            return self.total_blocks - self.free_blocks
+        j = self._ended_by(run, self.loop.now)
+        pending = run.pending
+        if j > (pending[-1][0] if pending else run.done):
+            pending.append((j, j < len(run.ends)))
+        if not pending:
+            return self.total_blocks - self.free_blocks
+        u, flying = pending[-1]
+        growth = run.block_growth
+        if growth is None:
+            growth = run.block_growth = BlockGrowth(run.batch, run.done, self.block_size)
+        added = growth.added(u + 1 if flying else u) - growth.added(run.applied_tokens)
+        return self.total_blocks - self.free_blocks + added
 
     def _flush(self) -> None:
         """Apply the checkpoints a deferred cut left (the state as of that cut), before anything reads it."""
@@ -1316,38 +1374,17 @@ class Replica:
         # Trapezoid over the applied iterations; exact for one iteration, as stepping charges it.
         self.kv_block_seconds += 0.5 * (used_before + used) * span
         run.done = upto
+        run.applied_tokens = upto + extra_tok
 
     def _add_shared_gaps(self, run: DecodeRun, m0: int, upto: int) -> float:
         """Add the token gaps every request of the run shares (iterations m0+1 … upto-1 after their
         predecessors) to each tier's histogram; returns the largest (0 if none)."""
         shared_max = 0.0
         if upto - m0 > 1:
-            # Binned once each, counted per run of equal bins, then added to each tier's histogram in one
-            # step per bin (the same bins `add` would give, one by one).
-            ends = run.ends
-            hists = self.tbt
-            h0 = hists[0]
-            log_min, inv, min_value = h0._log_min, h0._inv_log_step, h0.min_value
-            segments = []
-            cur_b, n_b, sum_b = -1, 0, 0.0
-            prev = ends[m0]
-            for m in range(m0 + 1, upto):
-                e = ends[m]
-                gap = e - prev
-                prev = e
-                if gap > shared_max:
-                    shared_max = gap
-                b = int((log(gap) - log_min) * inv) if gap > min_value else 0
-                if b == cur_b:
-                    n_b += 1
-                    sum_b += gap
-                else:
-                    if n_b:
-                        segments.append((cur_b, n_b, sum_b))
-                    cur_b, n_b, sum_b = b, 1, gap
-            segments.append((cur_b, n_b, sum_b))
+            segments: list[tuple[int, int, float]] = []
+            shared_max = self._shared_segments(run, m0, upto, segments)
             for tier, c in run.tier_counts.items():
-                h = hists[tier]
+                h = self.tbt[tier]
                 counts = h.counts
                 for b, n, sm in segments:       # LogHistogram.add_bin(b, n * c, sm * c), inlined
                     counts[b] = counts.get(b, 0) + n * c
@@ -1355,16 +1392,45 @@ class Replica:
                     h.sum += sm * c
         return shared_max
 
+    def _shared_segments(self, run: DecodeRun, m0: int, upto: int, segments: list[tuple[int, int, float]]) -> float:
+        """Append to `segments` the shared gaps of iterations m0+1 … upto-1 (upto − m0 > 1) binned once each,
+        as (bin, gaps, their sum) per run of equal bins (the bins `add` would give, one by one); returns the
+        largest gap."""
+        ends = run.ends
+        h0 = self.tbt[0]
+        log_min, inv, min_value = h0._log_min, h0._inv_log_step, h0.min_value
+        shared_max = 0.0
+        cur_b, n_b, sum_b = -1, 0, 0.0
+        prev = ends[m0]
+        for m in range(m0 + 1, upto):
+            e = ends[m]
+            gap = e - prev
+            prev = e
+            if gap > shared_max:
+                shared_max = gap
+            b = int((log(gap) - log_min) * inv) if gap > min_value else 0
+            if b == cur_b:
+                n_b += 1
+                sum_b += gap
+            else:
+                if n_b:
+                    segments.append((cur_b, n_b, sum_b))
+                cur_b, n_b, sum_b = b, 1, gap
+        segments.append((cur_b, n_b, sum_b))
+        return shared_max
+
     def _apply_pieces(self, run: DecodeRun, finished: list | None) -> None:
         """`_apply_run` of each pending checkpoint in turn, fused into one pass over the batch: every
-        quantity is computed with the same operations in the same order as applying them one by one."""
+        quantity is computed with the same operations in the same order as applying them one by one (the
+        blocks each checkpoint adds come from the run's `BlockGrowth`; integer counts in any order)."""
         pieces = run.pending
         ends = run.ends
         m0 = run.done
         hists = self.tbt
         h0 = hists[0]
         log_min, inv, min_value = h0._log_min, h0._inv_log_step, h0.min_value
-        spans, tokens_at, extras, later_gaps = [], [], [], []
+        spans: list[float] = []
+        later_gaps: list[float] = []
         shared_max = self._add_shared_gaps(run, m0, pieces[0][0])    # the first piece's, before its requests'
         prev = m0
         for u, flying in pieces:
@@ -1375,8 +1441,6 @@ class Replica:
                 if g > shared_max:
                     shared_max = g
             spans.append(ends[u - 1] - (ends[prev - 1] if prev else run.start_s))
-            tokens_at.append(u - m0)
-            extras.append(1 if flying else 0)
             prev = u
         upto, in_flight = pieces[-1]
         cnt = upto - m0
@@ -1390,19 +1454,20 @@ class Replica:
                 if g > shared_max:
                     shared_max = g
         bs = self.block_size
+        growth = run.block_growth
+        if growth is None:
+            growth = run.block_growth = BlockGrowth(run.batch, m0, bs)
+        extra_tok = 1 if in_flight else 0
         first_end = ends[m0]
-        grow = [0] * len(pieces)
         last_gap, last_bin = -1.0, 0
         # Counts of the current bin per tier, and each tier's running sum (added in the same order as
         # LogHistogram.add would), written back once per bin change and at the end.
         pend = [0] * len(hists)
         pend_any = False
         sums = [h.sum for h in hists]
-        steps = list(zip(tokens_at, extras, range(len(pieces))))
-        two = len(pieces) == 2          # the usual case (one deferred cut): its inner loops unrolled
-        if two:
-            span0, span1 = spans
-            (tokens0, extra0, _), (tokens1, extra1, _) = steps
+        two = len(pieces) == 2          # the usual case (one deferred cut): its span loop unrolled
+        span0 = spans[0]
+        span1 = spans[1]
         collect = finished is not None
         carry = collect and self._keeps_batch     # as in `_apply_run`
         n_next, grow_next, ctx_next, rem_next = 0, [], 0, 1 << 62
@@ -1438,22 +1503,10 @@ class Replica:
                 r.tbt_max_s = gap
             r.last_token_s = last
             blocks = r.num_blocks
-            if two:
-                need = -(-(c0 + tokens0 + extra0) // bs) - blocks
-                if need > 0:
-                    blocks += need
-                    grow[0] += need
-                need = -(-(c0 + tokens1 + extra1) // bs) - blocks
-                if need > 0:
-                    blocks += need
-                    grow[1] += need
-            else:
-                for tokens, extra, p in steps:
-                    need = -(-(c0 + tokens + extra) // bs) - blocks
-                    if need > 0:
-                        blocks += need
-                        grow[p] += need
-            r.num_blocks = blocks
+            need = -(-(c0 + cnt + extra_tok) // bs) - blocks
+            if need > 0:
+                blocks += need
+                r.num_blocks = blocks
             if collect:
                 rem = r._request.output_tokens - generated
                 if rem <= 0:
@@ -1473,33 +1526,71 @@ class Replica:
             _flush_bin(hists, last_bin, pend)
         for h, total in zip(hists, sums):
             h.sum = total
-        # Later pieces, in order: their shared gaps, then each request's first gap (one value for all).
-        for p in range(1, len(pieces)):
-            self._add_shared_gaps(run, pieces[p - 1][0], pieces[p][0])
-            g = later_gaps[p - 1]
-            b = int((log(g) - log_min) * inv) if g > min_value else 0
-            for tier, c in run.tier_counts.items():
-                h = hists[tier]
-                h.counts[b] = h.counts.get(b, 0) + c
-                h.total += c
-                total = h.sum
-                for _ in range(c):
-                    total += g
-                h.sum = total
+        self._add_later_pieces(run, later_gaps)
         free = self.free_blocks
         used_before = self.total_blocks - free
-        for p, span in enumerate(spans):
-            free -= grow[p]
+        covered = growth.added(run.applied_tokens)
+        for p in range(len(pieces)):
+            u, flying = pieces[p]
+            now_covered = growth.added(u + 1 if flying else u)
+            free -= now_covered - covered
+            covered = now_covered
             if free < 0:
                 raise AssertionError(f"replica {self.index}: KV over capacity during a decode run")
             used = self.total_blocks - free
             if used > self.max_used_blocks:
                 self.max_used_blocks = used
-            self.kv_block_seconds += 0.5 * (used_before + used) * span
+            self.kv_block_seconds += 0.5 * (used_before + used) * spans[p]
             used_before = used
         self.free_blocks = free
         run.done = upto
+        run.applied_tokens = upto + extra_tok
         pieces.clear()
+
+    def _add_later_pieces(self, run: DecodeRun, later_gaps: list[float]) -> None:
+        """The histogram part of the pending checkpoints after the first, as applying them in turn adds it:
+        per piece its shared gaps, then every request's first gap (`later_gaps`: one value for all). Each
+        tier's sum takes the same additions in the same order; the bin counts (integers) are merged first."""
+        pieces = run.pending
+        if len(pieces) < 2:
+            return
+        h0 = self.tbt[0]
+        log_min, inv, min_value = h0._log_min, h0._inv_log_step, h0.min_value
+        gaps_by_bin: dict[int, int] = {}      # bin → gaps per request of the run, over every later piece
+        segments: list[tuple[int, int, float]] = []
+        repeats: list[int] = []               # per addition: 0 = a segment's sum (× tier count), 1 = a first gap
+        for p in range(1, len(pieces)):
+            a, b = pieces[p - 1][0], pieces[p][0]
+            if b - a > 1:
+                first = len(segments)
+                self._shared_segments(run, a, b, segments)
+                for k in range(first, len(segments)):
+                    bn, n, _sm = segments[k]
+                    gaps_by_bin[bn] = gaps_by_bin.get(bn, 0) + n
+                    repeats.append(0)
+            g = later_gaps[p - 1]
+            bn = int((log(g) - log_min) * inv) if g > min_value else 0
+            gaps_by_bin[bn] = gaps_by_bin.get(bn, 0) + 1
+            segments.append((bn, 1, g))
+            repeats.append(1)
+        gaps = 0
+        for n in gaps_by_bin.values():
+            gaps += n
+        for tier, c in run.tier_counts.items():
+            h = self.tbt[tier]
+            counts = h.counts
+            for bn, n in gaps_by_bin.items():
+                counts[bn] = counts.get(bn, 0) + n * c
+            h.total += gaps * c
+            total = h.sum
+            for k in range(len(segments)):
+                sm = segments[k][2]
+                if repeats[k]:
+                    for _i in range(c):       # c requests' first gaps, one by one
+                        total += sm
+                else:
+                    total += sm * c
+            h.sum = total
 
     def _clear_carries(self) -> None:
         """Forget both carries before a pass sets them. A method, not two assignments in `_end_run`: a type

@@ -46,11 +46,20 @@ class SlackArgmax:
         best_neg_slack = math.inf
         chosen = False                        # the key to beat starts as (inf, inf, inf)
         best_outstanding = -1                 # the chosen instance's, read when a tie needs it
+        # A view class with a `deadline_load_each(views, deadline, with_predictor)` static method (the
+        # simulator's `InstanceHandle`) reads every instance's load (and predictor) itself, in order.
+        each = getattr(type(views[0]), "deadline_load_each", None) if num_views else None
+        loads: list[tuple[int, int, int, Any]] = (each(views, deadline, own_predictor is None)
+                                                   if each is not None else [])
         for i in range(num_views):
             inst = views[i]
-            load: tuple[int, int, int] = inst.deadline_load(deadline_arg)
-            ahead, decodes, context = load
-            predictor = own_predictor if own_predictor is not None else inst.predictor
+            if each is not None:
+                ahead, decodes, context, read_predictor = loads[i]
+                predictor = own_predictor if own_predictor is not None else read_predictor
+            else:
+                load: tuple[int, int, int] = inst.deadline_load(deadline_arg)
+                ahead, decodes, context = load
+                predictor = own_predictor if own_predictor is not None else inst.predictor
             per_iteration_s: float
             if (decodes == priced_decodes[i] and context == priced_context[i]
                     and predictor is priced_predictor[i]):

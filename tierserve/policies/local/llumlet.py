@@ -11,9 +11,10 @@ import math
 
 from tierserve.core import BatchPlan, ConfigError, RequestState
 from tierserve.policies.local.base import ReplicaView
-from tierserve.policies.local.vllm import VLLMPrioritySortedPolicy, priority_key_fast
+from tierserve.policies.local.vllm import VLLMPrioritySortedPolicy, declares_steady_plans, priority_key_fast
 
 
+@declares_steady_plans
 class LlumletPolicy(VLLMPrioritySortedPolicy):
     name = "llumlet"
     waiting_order_key = priority_key_fast
@@ -51,6 +52,17 @@ class LlumletPolicy(VLLMPrioritySortedPolicy):
         if self.promote_after_s and plan.repeatable:
             plan.revise_at_s = self._next_promotion(view)
         return plan
+
+    def decode_batch(self, running: list[RequestState]) -> list[RequestState] | None:
+        # Every running request is decoding (its first token out), so promotion leaves its tier as it is:
+        # the order is (tier, arrival, id) at any time, and `_next_promotion` finds nothing to revise at.
+        if not self.promises_hold():
+            return None
+        return sorted(running, key=priority_key_fast)
+
+    def admits_waiting(self) -> int | None:
+        # With promotion the waiting order depends on the time of the plan: no promise.
+        return None if self.promote_after_s else super().admits_waiting()
 
     def _next_promotion(self, view: ReplicaView) -> float:
         """Earliest time a queued request's effective tier drops (its order may then change)."""

@@ -28,6 +28,14 @@ def is_decode_step(state: RequestState, num_tokens: int) -> bool:
     return num_tokens == 1 and state.num_generated > 0 and state.num_tokens - state.num_computed_tokens == 1
 
 
+def declares_steady_plans(cls: type[VLLMPolicy]) -> type[VLLMPolicy]:
+    """Class decorator: the class's `decode_batch` and `admits_waiting` describe its own `plan`,
+    `running_order` and `resumable` (as they are when asked: replacing one on the class withdraws them)."""
+    cls.steady_plans_of = cls
+    return cls
+
+
+@declares_steady_plans
 class VLLMPolicy(LocalPolicy):
     """vLLM v1 FCFS. Parameters are the engine's: `long_prefill_threshold` caps one request's chunk."""
 
@@ -44,24 +52,31 @@ class VLLMPolicy(LocalPolicy):
             raise ConfigError("long_prefill_threshold", long_prefill_threshold, "an integer >= 0 (0 = no cap)")
         self.long_prefill_threshold = long_prefill_threshold
 
+    steady_plans_of: type[VLLMPolicy]      # set by `declares_steady_plans`
+
     def preempt_mode(self, state: RequestState) -> PreemptMode:
         return self._mode
 
+    def promises_hold(self) -> bool:
+        """True when this instance plans with the `plan`, `running_order` and `resumable` of the class that
+        declared its steady plans (`declares_steady_plans`): a subclass or an instance that replaces one of
+        them gets no promise from `decode_batch` or `admits_waiting`."""
+        owner = self.steady_plans_of
+        return (getattr(self.plan, "__func__", None) is owner.plan
+                and type(self).running_order is owner.running_order and type(self).resumable is owner.resumable)
+
     def decode_batch(self, running: Sequence[RequestState]) -> list[RequestState] | None:
-        # Running requests are served in admission order; with nothing waiting or swapped `resumable` is
-        # empty whatever `order_waiting` does.
-        if (getattr(self.plan, "__func__", None) is not VLLMPolicy.plan
-                or type(self).running_order is not VLLMPolicy.running_order):
+        # Running requests are served in `running_order`; with nothing waiting or swapped `resumable` is
+        # empty whatever `order_waiting` does, and with every block fitting nothing is evicted.
+        if not self.promises_hold():
             return None
-        return list(running)
+        return list(self.running_order(running))
 
     def admits_waiting(self) -> int | None:
         # The budget loop over decodes (none evicted when their blocks fit), then `resumable` (swapped first:
         # none) in `order_waiting` order, each capped by long_prefill_threshold; the first that does not fit
         # stops admission.
-        if (getattr(self.plan, "__func__", None) is not VLLMPolicy.plan
-                or type(self).running_order is not VLLMPolicy.running_order
-                or type(self).resumable is not VLLMPolicy.resumable):
+        if not self.promises_hold():
             return None
         return self.long_prefill_threshold
 
@@ -179,6 +194,7 @@ class VLLMPriorityPolicy(VLLMPolicy):
         return sorted(waiting, key=priority_key_fast)
 
 
+@declares_steady_plans
 class VLLMPrioritySortedPolicy(VLLMPriorityPolicy):
     """`vllm_priority` that also serves running requests in (tier, arrival) order and evicts the tail of
     that order (tierserve's earlier reading of priority scheduling; kept for comparison)."""
