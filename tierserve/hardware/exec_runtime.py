@@ -28,7 +28,7 @@ class _Table:
         self.last = self.values[-1]
         self.slope = (self.values[-1] - self.values[-65]) / 64.0   # average over the last 64 steps
 
-    def __call__(self, n: int) -> float:
+    def at(self, n: int) -> float:
         if n <= self.end:
             return self.values[n]
         return self.last + self.slope * (n - self.end)
@@ -74,17 +74,18 @@ class ExecutionTimeModel:
         """Seconds for B decodes with zero context: iteration_time(0, 0, B, 0)."""
         if decode_count < len(self._base):
             return self._base[decode_count]
-        return self._tok(decode_count) + self._dec(decode_count)
+        return self._tok.at(decode_count) + self._dec.at(decode_count)
 
     def iteration_time(self, prefill_tokens: int, prefill_attn_pairs: float, decode_count: int,
                        decode_context_sum: int) -> float:
         if not prefill_tokens:
             b = self._base
-            base = b[decode_count] if decode_count < len(b) else self._tok(decode_count) + self._dec(decode_count)
+            base = b[decode_count] if decode_count < len(b) else self._tok.at(decode_count) + self._dec.at(decode_count)
             return base + self.decode_context_coef_s * decode_context_sum
-        t = self._tok(prefill_tokens + decode_count) + self._pre(prefill_tokens) + self.pair_coef_s * prefill_attn_pairs
+        t = (self._tok.at(prefill_tokens + decode_count) + self._pre.at(prefill_tokens)
+             + self.pair_coef_s * prefill_attn_pairs)
         if decode_count:
-            t += self._dec(decode_count) + self.decode_context_coef_s * decode_context_sum
+            t += self._dec.at(decode_count) + self.decode_context_coef_s * decode_context_sum
         return t
 
     def predict_many(self, prefill_tokens, prefill_attn_pairs, decode_count, decode_context_sum) -> np.ndarray:
@@ -122,12 +123,12 @@ class ExecutionTimeModel:
                   decode_context_sum: int) -> dict[str, float]:
         """Seconds by term, for reports (same sum as iteration_time)."""
         p, b = prefill_tokens, decode_count
-        kvw = self._kvw(p + b) if self._kvw is not None and p + b else 0.0
+        kvw = self._kvw.at(p + b) if self._kvw is not None and p + b else 0.0
         return {
-            "token_linear": self._tok(p + b) - kvw if p + b else 0.0,
+            "token_linear": self._tok.at(p + b) - kvw if p + b else 0.0,
             "kv_write": kvw,
-            "prefill_fixed": self._pre(p) if p else 0.0,
+            "prefill_fixed": self._pre.at(p) if p else 0.0,
             "prefill_pairs": self.pair_coef_s * prefill_attn_pairs if p else 0.0,
-            "decode_fixed": self._dec(b) if b else 0.0,
+            "decode_fixed": self._dec.at(b) if b else 0.0,
             "decode_context": self.decode_context_coef_s * decode_context_sum,
         }

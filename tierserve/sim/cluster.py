@@ -7,6 +7,7 @@ from typing import Any, Callable, Sequence
 from tierserve.core import Request, RequestState, Status
 from tierserve.policies.cluster.base import ClusterPolicy, Move
 from tierserve.policies.cluster.freeness import InstanceLoad, check_tier_counts, measure
+from tierserve.policies.cluster.slack_argmax import DeadlineLoadView
 from tierserve.sim.deadline_load import DeadlineLoad
 from tierserve.sim.events import EventLoop
 from tierserve.sim.replica import Replica
@@ -15,7 +16,7 @@ RANK_ARRIVAL = 1
 RANK_TICK = 2
 
 
-class InstanceHandle:
+class InstanceHandle(DeadlineLoadView):
     """A replica as a cluster policy sees it; every read brings the replica's state up to now."""
 
     __slots__ = ("_replica", "index", "total_blocks", "block_size", "max_num_seqs", "migrating_count",
@@ -41,6 +42,9 @@ class InstanceHandle:
         """The replica's own execution-time model (the one its iterations are timed with)."""
         return self._replica.predictor
 
+    def iteration_predictor(self) -> Any:
+        return self._replica.predictor
+
     def track_deadline_load(self) -> None:
         """Keep the replica's deadline load from now on (`DeadlineLoad`; for policies that read it)."""
         load = DeadlineLoad(self._replica)
@@ -54,21 +58,6 @@ class InstanceHandle:
             raise RuntimeError("deadline_load: the cluster was not asked to track it (policy.uses_deadline_load)")
         self._replica.checkpoint()           # the load adds a decode run's unapplied progress itself
         return load.load(deadline)
-
-    @staticmethod
-    def deadline_load_each(views: Sequence[Any], deadline: float,
-                           with_predictor: bool) -> list[tuple[int, int, int, Any]]:
-        """Each view's `deadline_load(deadline)` and, `with_predictor`, its `predictor` (else None), in order:
-        what deadline-slack dispatch reads of every instance (a direct call for handles, compiled)."""
-        loads: list[tuple[int, int, int, Any]] = []
-        for v in views:
-            if isinstance(v, InstanceHandle):
-                ahead, decodes, context = v.deadline_load(deadline)
-                loads.append((ahead, decodes, context, v._replica.predictor if with_predictor else None))
-            else:
-                ahead, decodes, context = v.deadline_load(deadline)
-                loads.append((ahead, decodes, context, v.predictor if with_predictor else None))
-        return loads
 
     @property
     def used_blocks(self) -> int:

@@ -1421,8 +1421,8 @@ class Replica:
 
     def _apply_pieces(self, run: DecodeRun, finished: list | None) -> None:
         """`_apply_run` of each pending checkpoint in turn, fused into one pass over the batch: every
-        quantity is computed with the same operations in the same order as applying them one by one (the
-        blocks each checkpoint adds come from the run's `BlockGrowth`; integer counts in any order)."""
+        quantity is computed with the same operations in the same order as applying them one by one (integer
+        counts in any order)."""
         pieces = run.pending
         ends = run.ends
         m0 = run.done
@@ -1454,10 +1454,11 @@ class Replica:
                 if g > shared_max:
                     shared_max = g
         bs = self.block_size
-        growth = run.block_growth
-        if growth is None:
-            growth = run.block_growth = BlockGrowth(run.batch, m0, bs)
         extra_tok = 1 if in_flight else 0
+        # Tokens of the run each checkpoint covers (from the last one applied), and the blocks each adds.
+        covered: list[int] = [u - m0 + (1 if flying else 0) for u, flying in pieces]
+        covered_last = cnt + extra_tok
+        grow = [0] * len(pieces)
         first_end = ends[m0]
         last_gap, last_bin = -1.0, 0
         # Counts of the current bin per tier, and each tier's running sum (added in the same order as
@@ -1503,9 +1504,15 @@ class Replica:
                 r.tbt_max_s = gap
             r.last_token_s = last
             blocks = r.num_blocks
-            need = -(-(c0 + cnt + extra_tok) // bs) - blocks
-            if need > 0:
-                blocks += need
+            next_block = blocks * bs - c0 + 1     # tokens covered at which r needs its next block
+            if next_block <= covered_last:
+                p = 0
+                while next_block <= covered_last:     # each block to the checkpoint that first covers it
+                    while covered[p] < next_block:
+                        p += 1
+                    grow[p] += 1
+                    next_block += bs
+                blocks = -(-(c0 + covered_last) // bs)
                 r.num_blocks = blocks
             if collect:
                 rem = r._request.output_tokens - generated
@@ -1529,12 +1536,8 @@ class Replica:
         self._add_later_pieces(run, later_gaps)
         free = self.free_blocks
         used_before = self.total_blocks - free
-        covered = growth.added(run.applied_tokens)
         for p in range(len(pieces)):
-            u, flying = pieces[p]
-            now_covered = growth.added(u + 1 if flying else u)
-            free -= now_covered - covered
-            covered = now_covered
+            free -= grow[p]
             if free < 0:
                 raise AssertionError(f"replica {self.index}: KV over capacity during a decode run")
             used = self.total_blocks - free
@@ -1550,47 +1553,69 @@ class Replica:
     def _add_later_pieces(self, run: DecodeRun, later_gaps: list[float]) -> None:
         """The histogram part of the pending checkpoints after the first, as applying them in turn adds it:
         per piece its shared gaps, then every request's first gap (`later_gaps`: one value for all). Each
-        tier's sum takes the same additions in the same order; the bin counts (integers) are merged first."""
+        tier's sum takes the same additions in the same order; the bin counts (integers) are gathered in runs
+        of equal bins and added once per run."""
         pieces = run.pending
         if len(pieces) < 2:
             return
-        h0 = self.tbt[0]
+        hists = self.tbt
+        h0 = hists[0]
         log_min, inv, min_value = h0._log_min, h0._inv_log_step, h0.min_value
-        gaps_by_bin: dict[int, int] = {}      # bin → gaps per request of the run, over every later piece
+        tiers: list[int] = []
+        weights: list[int] = []               # requests of the run per tier
+        sums: list[float] = []
+        for tier, c in run.tier_counts.items():
+            tiers.append(tier)
+            weights.append(c)
+            sums.append(hists[tier].sum)
+        num_tiers = len(tiers)
+        run_bins: list[int] = []              # runs of equal bins over all later pieces: bin, gaps per request
+        run_gaps: list[int] = []
+        cur_bin, cur_gaps = -1, 0
         segments: list[tuple[int, int, float]] = []
-        repeats: list[int] = []               # per addition: 0 = a segment's sum (× tier count), 1 = a first gap
         for p in range(1, len(pieces)):
             a, b = pieces[p - 1][0], pieces[p][0]
             if b - a > 1:
-                first = len(segments)
+                segments.clear()
                 self._shared_segments(run, a, b, segments)
-                for k in range(first, len(segments)):
-                    bn, n, _sm = segments[k]
-                    gaps_by_bin[bn] = gaps_by_bin.get(bn, 0) + n
-                    repeats.append(0)
+                for bn, n, sm in segments:    # LogHistogram.add_bin(bn, n * c, sm * c) per tier
+                    for k in range(num_tiers):
+                        sums[k] += sm * weights[k]
+                    if bn == cur_bin:
+                        cur_gaps += n
+                    else:
+                        if cur_gaps:
+                            run_bins.append(cur_bin)
+                            run_gaps.append(cur_gaps)
+                        cur_bin, cur_gaps = bn, n
             g = later_gaps[p - 1]
+            for k in range(num_tiers):        # c requests' first gaps, added one by one
+                total = sums[k]
+                for _i in range(weights[k]):
+                    total += g
+                sums[k] = total
             bn = int((log(g) - log_min) * inv) if g > min_value else 0
-            gaps_by_bin[bn] = gaps_by_bin.get(bn, 0) + 1
-            segments.append((bn, 1, g))
-            repeats.append(1)
+            if bn == cur_bin:
+                cur_gaps += 1
+            else:
+                if cur_gaps:
+                    run_bins.append(cur_bin)
+                    run_gaps.append(cur_gaps)
+                cur_bin, cur_gaps = bn, 1
+        run_bins.append(cur_bin)
+        run_gaps.append(cur_gaps)
         gaps = 0
-        for n in gaps_by_bin.values():
+        for n in run_gaps:
             gaps += n
-        for tier, c in run.tier_counts.items():
-            h = self.tbt[tier]
+        for k in range(num_tiers):
+            h = hists[tiers[k]]
+            c = weights[k]
             counts = h.counts
-            for bn, n in gaps_by_bin.items():
-                counts[bn] = counts.get(bn, 0) + n * c
+            for j in range(len(run_bins)):
+                bn = run_bins[j]
+                counts[bn] = counts.get(bn, 0) + run_gaps[j] * c
             h.total += gaps * c
-            total = h.sum
-            for k in range(len(segments)):
-                sm = segments[k][2]
-                if repeats[k]:
-                    for _i in range(c):       # c requests' first gaps, one by one
-                        total += sm
-                else:
-                    total += sm * c
-            h.sum = total
+            h.sum = sums[k]
 
     def _clear_carries(self) -> None:
         """Forget both carries before a pass sets them. A method, not two assignments in `_end_run`: a type

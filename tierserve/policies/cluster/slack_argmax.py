@@ -9,6 +9,22 @@ from collections.abc import Sequence
 from typing import Any
 
 
+class DeadlineLoadView:
+    """Base of an instance view whose deadline load `SlackArgmax` reads by a direct call (compiled with it):
+    the simulator's `InstanceHandle`. Any other view is read through its `deadline_load` and `predictor`
+    attributes, as `deadline_slack`'s docstring defines them."""
+
+    __slots__ = ()
+
+    def deadline_load(self, deadline: float) -> tuple[int, int, int]:
+        """(prefill tokens ahead of `deadline`, running decodes, their context tokens)."""
+        raise NotImplementedError
+
+    def iteration_predictor(self) -> Any:
+        """The instance's execution-time model (its `predictor`)."""
+        raise NotImplementedError
+
+
 class SlackArgmax:
     """argmax_i slack_i, slack_i = D − (now + (ahead_i + P) / c · T_i), T_i = predictor.iteration_time(c,
     c·c/2, B_i, C_i) and (ahead_i, B_i, C_i) = `instances[i].deadline_load(D)` (deadline_slack's docstring);
@@ -46,16 +62,11 @@ class SlackArgmax:
         best_neg_slack = math.inf
         chosen = False                        # the key to beat starts as (inf, inf, inf)
         best_outstanding = -1                 # the chosen instance's, read when a tie needs it
-        # A view class with a `deadline_load_each(views, deadline, with_predictor)` static method (the
-        # simulator's `InstanceHandle`) reads every instance's load (and predictor) itself, in order.
-        each = getattr(type(views[0]), "deadline_load_each", None) if num_views else None
-        loads: list[tuple[int, int, int, Any]] = (each(views, deadline, own_predictor is None)
-                                                   if each is not None else [])
         for i in range(num_views):
             inst = views[i]
-            if each is not None:
-                ahead, decodes, context, read_predictor = loads[i]
-                predictor = own_predictor if own_predictor is not None else read_predictor
+            if isinstance(inst, DeadlineLoadView):
+                ahead, decodes, context = inst.deadline_load(deadline)
+                predictor = own_predictor if own_predictor is not None else inst.iteration_predictor()
             else:
                 load: tuple[int, int, int] = inst.deadline_load(deadline_arg)
                 ahead, decodes, context = load
