@@ -209,58 +209,21 @@ class NiyamaCore:
         cap: int = view.max_num_seqs
         bs: int = view.block_size
         er = self.eager_relegation
-        gone: set[int] = set()             # relegated by this plan
         live_p: list[tuple] = []           # (priority, arrival, id, state) of partial prefills
         parked_p: list[tuple] = []
         for r in partial:
             k = (self.priority_value(r), r.arrival_s, r.id, r)
             (parked_p if r.relegated_s >= 0.0 else live_p).append(k)
         live_p.sort(key=_key)
-        prefix: list[tuple] = []           # live waiting entries examined so far, in key order
-        stream = self.live.entries(idx)
-
-        def violates(k: tuple) -> bool:
-            """Eager relegation of an examined candidate; True when the candidate itself was relegated."""
-            r = cast(RequestState, k[-1])
-            if not er or now <= self.relegate_at(r):
-                return False
-            target = r
-            whole_queue = self.relegation_scope == "queue"
-            if self.tier_importance is not None and (whole_queue or now <= prefill_deadline(r)):
-                rank = self.importance(r)
-                ahead = [a for a in live_p + prefix if _key(a) < _key(k) and id(a[-1]) not in gone
-                         and self.importance(a[-1]) > rank]
-                if ahead:     # a less important request ahead of it in line gives way
-                    target = max(ahead, key=lambda a: (self.importance(a[-1]), _key(a)))[-1]
-                elif whole_queue:    # else the least important waiting one nearest the front
-                    target = self._least_important_waiting(rank, idx, gone) or r
-            gone.add(id(target))
-            why = "missed" if now > prefill_deadline(target) else "would miss"
-            plan.relegate.append((target, f"eager relegation: {why} its deadline" if target is r else
-                                  f"eager relegation: gave way to tier {r.tier} request {r.id}"))
-            return target is r
+        cands = _Candidates(self, plan, live_p, idx, now)
+        gone = cands.gone                  # relegated by this plan
+        prefix = cands.prefix              # live waiting entries examined so far, in key order
+        pull = cands.pull
+        live_waiting = cands.live_waiting
 
         for k in live_p:
             if id(k[-1]) not in gone:
-                violates(k)
-
-        def pull() -> tuple | None:
-            for e in stream:
-                if id(e[-1]) in gone or violates(e):
-                    continue
-                prefix.append(e)
-                return e
-            return None
-
-        def live_waiting() -> Iterator[tuple]:
-            i = 0
-            while True:
-                if i >= len(prefix) and pull() is None:
-                    return
-                e = prefix[i]
-                i += 1
-                if id(e[-1]) not in gone:
-                    yield e
+                cands.violates(k)
 
         first_w = pull()
         partials = [k for k in live_p if id(k[-1]) not in gone]
@@ -414,6 +377,65 @@ def oldest_first(running: Sequence[RequestState]) -> list[RequestState]:
 
 def _key(k: tuple) -> tuple:
     return k[:3]                  # (priority, arrival, id): unique, so a state is never compared
+
+
+class _Candidates:
+    """The live waiting candidates one `_plan_prefills` examines, in key order, each checked for eager
+    relegation as it is reached. A class, not nested functions: nested functions that call each other form a
+    reference cycle (their shared scope holds them), left to the cyclic collector after every plan."""
+
+    def __init__(self, core: NiyamaCore, plan: BatchPlan, live_p: list[tuple], idx: int, now: float) -> None:
+        self.core = core
+        self.plan = plan
+        self.live_p = live_p
+        self.idx = idx
+        self.now = now
+        self.gone: set[int] = set()
+        self.prefix: list[tuple] = []
+        self.stream: Iterator[tuple] = core.live.entries(idx)
+
+    def violates(self, k: tuple) -> bool:
+        """Eager relegation of an examined candidate; True when the candidate itself was relegated."""
+        core, now, gone = self.core, self.now, self.gone
+        r = cast(RequestState, k[-1])
+        if not core.eager_relegation or now <= core.relegate_at(r):
+            return False
+        target = r
+        whole_queue = core.relegation_scope == "queue"
+        if core.tier_importance is not None and (whole_queue or now <= prefill_deadline(r)):
+            rank = core.importance(r)
+            ahead = [a for a in self.live_p + self.prefix if _key(a) < _key(k) and id(a[-1]) not in gone
+                     and core.importance(a[-1]) > rank]
+            if ahead:     # a less important request ahead of it in line gives way
+                target = max(ahead, key=lambda a: (core.importance(a[-1]), _key(a)))[-1]
+            elif whole_queue:    # else the least important waiting one nearest the front
+                target = core._least_important_waiting(rank, self.idx, gone) or r
+        gone.add(id(target))
+        why = "missed" if now > prefill_deadline(target) else "would miss"
+        self.plan.relegate.append((target, f"eager relegation: {why} its deadline" if target is r else
+                                   f"eager relegation: gave way to tier {r.tier} request {r.id}"))
+        return target is r
+
+    def pull(self) -> tuple | None:
+        """The next live waiting entry not relegated (examined: appended to `prefix`), or None."""
+        for e in self.stream:
+            if id(e[-1]) in self.gone or self.violates(e):
+                continue
+            self.prefix.append(e)
+            return e
+        return None
+
+    def live_waiting(self) -> Iterator[tuple]:
+        """The examined entries still live, in order, pulling more as they are consumed."""
+        prefix = self.prefix
+        i = 0
+        while True:
+            if i >= len(prefix) and self.pull() is None:
+                return
+            e = prefix[i]
+            i += 1
+            if id(e[-1]) not in self.gone:
+                yield e
 
 
 def _chain(*parts: Any) -> Iterator[tuple]:
