@@ -347,18 +347,11 @@ class Replica:
         """KV blocks in use as `sync` would leave them now, without its pass over a decode run: the run's
         iterations ended by now are recorded as a pending checkpoint (as `checkpoint` does; applied later with
         the same arithmetic) and the blocks they add are read off the run's `BlockGrowth`."""
+        self.checkpoint()
         run = self._run
-        if run is None:
-            if self._chunks is not None:
-                self._chunks_dissolve()
+        if run is None or not run.pending:
             return self.total_blocks - self.free_blocks
-        j = self._ended_by(run, self.loop.now)
-        pending = run.pending
-        if j > (pending[-1][0] if pending else run.done):
-            pending.append((j, j < len(run.ends)))
-        if not pending:
-            return self.total_blocks - self.free_blocks
-        u, flying = pending[-1]
+        u, flying = run.pending[-1]
         growth = run.block_growth
         if growth is None:
             growth = run.block_growth = BlockGrowth(run.batch, run.done, self.block_size)
