@@ -29,6 +29,7 @@ COMPILED_SOURCES: tuple[str, ...] = (        # relative to the repository root; 
     "tierserve/core/request.py",
     "tierserve/core/histogram.py",
     "tierserve/sim/events.py",
+    "tierserve/sim/queue_events.py",
     "tierserve/sim/step_time.py",        # the replica executor's rooms, bottom of the chain first
     "tierserve/sim/runs.py",
     "tierserve/sim/replica_state.py",

@@ -1,3 +1,4 @@
+# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 """A streaming log-binned histogram: token-level TBT for millions of tokens in a few kilobytes."""
 from __future__ import annotations
 

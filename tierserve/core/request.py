@@ -1,3 +1,4 @@
+# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 """The request (what arrives) and its serving state (what the executor advances).
 
 One abstraction for every phase, after vLLM v1: a request has `num_tokens` known tokens (prompt plus

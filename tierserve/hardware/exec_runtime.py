@@ -1,3 +1,4 @@
+# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 """The execution-time model's per-iteration part (tables, `iteration_time`, the chunk bisection), apart from
 its builders so that it can be compiled with the simulator's hot path (tierserve/_native.py): every iteration,
 every deadline_slack dispatch (64 pricings on 64 replicas) and every Niyama chunk search calls it.

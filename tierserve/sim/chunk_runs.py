@@ -1,3 +1,4 @@
+# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 """Chunk runs: the iterations of the same decodes beside one prefill's next chunks, timed ahead as one.
 
 Owns: starting a chunk run after the iteration `_continue_chunk` started (`_chunks_start`), its per-iteration
@@ -5,7 +6,6 @@ events (`_chunks_tick`: the event order stays stepping's), dropping a last parti
 arrives, and applying its iterations in one pass when it ends or is read (`_chunks_catch_up`,
 `_chunks_dissolve`). May not touch: what plans or follows the run (iteration.py), decode runs.
 """
-# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 from __future__ import annotations
 
 from math import log

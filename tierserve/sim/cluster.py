@@ -1,3 +1,4 @@
+# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 """N replicas behind a global dispatcher: arrivals streamed in order, dispatch, global queue, rebalance."""
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ class InstanceHandle(DeadlineLoadView):
     def track_deadline_load(self) -> None:
         """Keep the replica's deadline load from now on (`DeadlineLoad`; for policies that read it)."""
         load = DeadlineLoad(self._replica)
-        load.observe(self._replica.policy)
+        self._replica.add_queue_listener(load)
         self._deadline_load = load
 
     def deadline_load(self, deadline: float) -> tuple[int, int, int]:
@@ -303,10 +304,6 @@ class Cluster:
 
     def _on_finish(self, state: RequestState) -> None:
         self.num_ended += 1
-        if self._tracks_deadline_load:       # it may have run and ended between two reads of the load
-            load = self.handles[state.replica]._deadline_load
-            if load is not None:
-                load.finished(state)
         if self.on_end is not None:
             self.on_end(self.live.pop(id(state))[0], state, None)
         if self.num_held:

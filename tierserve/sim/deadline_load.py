@@ -1,3 +1,4 @@
+# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 """Driver-kept deadline load of one replica, for `deadline_slack` dispatch in O(log n + running) per read.
 
 `DeadlineLoad(replica)` answers `load(D)` = (ahead, decodes, context):
@@ -12,11 +13,10 @@ the sums are exact), but the queued part is kept, not walked: a queued request's
 left do not change while it waits, so each is inserted once into a sorted structure keyed by deadline
 (`PrefixSums`) and read as a prefix sum. Only the running list (≤ max_num_seqs) is walked per read.
 
-What keeps it exact: every way into waiting/swapped passes a local-policy hook the replica calls (enqueue →
-`on_arrival`, preemption → `on_preempt`), as does relegation (`on_relegate`) and withdrawal (`on_migrate_out`);
-`observe(policy)` chains onto those hooks of the replica's local policy. A request leaves the queues for
-running without a hook: the next read finds it in running and drops its entry, and the driver reports a
-finish (`finished`) in case it ended before any read. If the entries ever disagree in number with the queues
+What keeps it exact: it is a `QueueListener` (queue_events.py) of its replica, which reports every way into
+waiting/swapped (enqueue, preemption), relegation, withdrawal and a finish (in case a request ended before
+any read); the policy's hooks are left alone. A request leaves the queues for running without an event: the
+next read finds it in running and drops its entry. If the entries ever disagree in number with the queues
 (a path no hook sees, e.g. a migration pausing a request the reads never saw running), the read rebuilds from
 the queues (`rebuilds` counts it) rather than answer wrong.
 """
@@ -27,6 +27,7 @@ from typing import Any
 
 from tierserve.core import RequestState
 from tierserve.policies.local.deadlines import prefill_deadline
+from tierserve.sim.queue_events import QueueListener
 from tierserve.sim.replica import Replica
 
 _BLOCK = 256          # entries per block of the sorted structure: a read sums ≤ n/_BLOCK block totals
@@ -116,8 +117,9 @@ class PrefixSums:
         return total
 
 
-class DeadlineLoad:
-    """The deadline load of one replica (module docstring); `replica` has running/waiting/swapped lists."""
+class DeadlineLoad(QueueListener):
+    """The deadline load of one replica (module docstring); `replica` has running/waiting/swapped lists. With
+    the simulator's replica, register it: `replica.add_queue_listener(load)`."""
 
     def __init__(self, replica: Any) -> None:
         self._replica: Any = replica
@@ -143,31 +145,7 @@ class DeadlineLoad:
         self.walks = 0                   # reads that walked the running list (the rest reused the kept part)
         self.advances = 0                # reads that advanced the kept context over a decode run's iterations
 
-    def observe(self, local_policy: Any) -> None:
-        """Chain onto the hooks the replica calls when a request joins a queue, is relegated or leaves."""
-        on_arrival, on_preempt = local_policy.on_arrival, local_policy.on_preempt
-        on_relegate, on_migrate_out = local_policy.on_relegate, local_policy.on_migrate_out
-
-        def arrived(state: RequestState, view: Any) -> None:
-            on_arrival(state, view)
-            self.queued(state)
-
-        def preempted(state: RequestState, mode: Any, view: Any) -> None:
-            on_preempt(state, mode, view)
-            self.queued(state)
-
-        def relegated(state: RequestState, view: Any) -> None:
-            on_relegate(state, view)
-            self.relegated(state)
-
-        def migrated_out(state: RequestState, view: Any) -> None:
-            on_migrate_out(state, view)
-            self.forget(state)
-
-        local_policy.on_arrival, local_policy.on_preempt = arrived, preempted
-        local_policy.on_relegate, local_policy.on_migrate_out = relegated, migrated_out
-
-    # ----- updates -----
+    # ----- updates (the queue events) -----
     def queued(self, state: RequestState) -> None:
         """`state` joined waiting or swapped (its deadline and tokens left are fixed until it leaves)."""
         self.forget(state)
@@ -189,6 +167,9 @@ class DeadlineLoad:
         key = self._entries.pop(state.id, None)
         if key is not None:
             self._queued.remove(key)
+
+    def left(self, state: RequestState) -> None:
+        self.forget(state)
 
     def finished(self, state: RequestState) -> None:
         self.forget(state)

@@ -1,3 +1,4 @@
+# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 """Decode runs (skip-ahead): a repeatable decode-only batch executed as k iterations at once.
 
 Owns: timing a run (`_launch_run`: the same arithmetic a single decode step uses, bounded by completions,
@@ -7,7 +8,6 @@ next pass (`checkpoint`, `_apply_pieces`), the blocks a run adds read without a 
 `BlockGrowth`), and cutting a run short (`_truncate_run`). May not touch: what starts a run or follows it
 (steady.py), general iterations (iteration.py), or the policy (a run never asks it anything).
 """
-# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 from __future__ import annotations
 
 from math import log

@@ -1,3 +1,4 @@
+# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 """The event core: a heap of (time, rank, seq) → callback. It knows no event kinds.
 
 `rank` orders simultaneous events (lower first) so runs are deterministic; `seq` keeps insertion order.

@@ -1,3 +1,4 @@
+# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 """Iteration execution: ask the policy for a plan, validate and allocate it, time it, and apply its end.
 
 Owns: `_start_next` (plan → relegations, preemptions, blocks, time), `_allocate` (the plan checked against
@@ -7,7 +8,6 @@ memory and batch limits), `_end_iteration` (every request's progress, tokens and
 May not touch: a run's own arithmetic (decode_runs.py, chunk_runs.py), queue counters other than through
 the `_join_*` / `_leave_*` moves of replica_state.py.
 """
-# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 from __future__ import annotations
 
 from math import log
@@ -329,5 +329,7 @@ class Iterations(ChunkRuns):
         r.status = Status.FINISHED
         r.finish_s = now
         self.policy.on_finish(r, self.view)
+        for listener in self._queue_listeners:
+            listener.finished(r)
         self.on_finish(r)
 

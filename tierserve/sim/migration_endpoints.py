@@ -1,10 +1,10 @@
+# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 """Migration endpoints: what the simulator's migration executor (sim/migration.py) calls on a replica.
 
 Owns: pausing a running request once its iteration ends (its KV held), releasing or resuming it, reserving
 blocks for an incoming copy and adopting the request, and withdrawing a queued request. May not touch: how
 a migration is decided or timed (sim/migration.py, the cluster policy).
 """
-# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 from __future__ import annotations
 
 from typing import Callable
@@ -65,6 +65,8 @@ class MigrationEndpoints(SteadyPlans):
         self.free_blocks += state.num_blocks
         state.num_blocks = 0
         self.policy.on_migrate_out(state, self.view)
+        for listener in self._queue_listeners:
+            listener.left(state)
         self.poke()
 
     def resume_paused(self, state: RequestState) -> None:
@@ -118,3 +120,5 @@ class MigrationEndpoints(SteadyPlans):
             self._leave_waiting(state)
         state.replica = -1
         self.policy.on_migrate_out(state, self.view)
+        for listener in self._queue_listeners:
+            listener.left(state)

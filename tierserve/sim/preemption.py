@@ -1,3 +1,4 @@
+# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 """Preemption and swap, and relegation: a plan's evictions and relegations applied to a replica.
 
 Owns: moving a victim out of running (its blocks freed, to swapped with its KV in host memory or to waiting
@@ -5,7 +6,6 @@ to recompute), the PCIe seconds an iteration is charged for swaps out and in, th
 request holds, and marking relegations. May not touch: the iteration itself (iteration.py charges the
 seconds returned here), runs, or migration.
 """
-# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 from __future__ import annotations
 
 from tierserve.core import BatchPlan, PreemptMode, Status
@@ -21,6 +21,8 @@ def apply_relegations(rep: ReplicaState, plan: BatchPlan, now: float) -> None:
             state.relegated_s = now
             state.relegation_reason = reason
             rep.policy.on_relegate(state, rep.view)
+            for listener in rep._queue_listeners:
+                listener.relegated(state)
 
 
 def apply_preemptions(rep: ReplicaState, plan: BatchPlan) -> float:
@@ -53,6 +55,8 @@ def apply_preemptions(rep: ReplicaState, plan: BatchPlan) -> float:
             victim.status = Status.WAITING
             rep._join_waiting(victim, True)
         rep.policy.on_preempt(victim, mode, rep.view)
+        for listener in rep._queue_listeners:
+            listener.queued(victim)
     for r, _ in plan.scheduled:
         if r.status == Status.SWAPPED:
             held = rep._host_blocks.get(r.id)

@@ -1,3 +1,4 @@
+# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 """One LLM replica: paged KV blocks, continuous batching, preemption, and iteration timing.
 
 The local policy plans each batch; the executor validates it, allocates blocks, and advances time.
@@ -16,7 +17,6 @@ The executor lives in rooms, one job each (docs/architecture.md; each module's d
 This module is the entry points: what the cluster and the readers call (`enqueue`, `poke`, `sync`,
 `set_slowdown`), and the names other modules import from here.
 """
-# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 from __future__ import annotations
 
 from tierserve.core import RequestState, Status
@@ -33,9 +33,10 @@ class Replica(MigrationEndpoints):
 
     def enqueue(self, state: RequestState, front: bool = False) -> None:
         """A request joins this replica's waiting queue (dispatch or migration of a queued request)."""
-        if self._chunks is not None and getattr(self.policy.on_arrival, "__func__", None) is LocalPolicy.on_arrival:
-            # No hook reads the state: the chunk run goes on (stepping, too, continues a chunk that takes
-            # the whole budget whatever waits) less a last, partial chunk, which the policy would now plan.
+        if (self._chunks is not None and not self._queue_listeners
+                and getattr(self.policy.on_arrival, "__func__", None) is LocalPolicy.on_arrival):
+            # No hook or listener reads the state: the chunk run goes on (stepping, too, continues a chunk that
+            # takes the whole budget whatever waits) less a last, partial chunk, which the policy would now plan.
             state.replica = self.index
             if state.status != Status.SWAPPED:
                 state.status = Status.WAITING
@@ -48,6 +49,8 @@ class Replica(MigrationEndpoints):
             state.status = Status.WAITING
         self._join_waiting(state, front)
         self.policy.on_arrival(state, self.view)
+        for listener in self._queue_listeners:
+            listener.queued(state)
         self.poke()
 
     def poke(self) -> None:

@@ -1,3 +1,4 @@
+# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 """The replica's state: its queues, KV blocks, counters and statistics, in one class every room extends.
 
 `ReplicaState` owns every attribute of a replica (one place lists them, with what each means), the queue
@@ -12,7 +13,6 @@ native classes; mixins of native classes it does not):
 A room calls a transition defined above it through the stubs at the end of this class (the events'
 callbacks and the steps between iterations), so this file is also the table of contents of those steps.
 """
-# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 from __future__ import annotations
 
 import heapq
@@ -20,9 +20,11 @@ from typing import Callable
 
 from tierserve.core import BatchPlan, RequestState, Status
 from tierserve.core.histogram import LogHistogram
-from tierserve.policies.local.base import LocalPolicy, _hold_per_chunk, _hold_whole_prompt, holds_computed_plus_next
+from tierserve.policies.local.base import LocalPolicy
+from tierserve.policies.local.traits import traits_of
 from tierserve.policies.local.view import Oracle, ReplicaView
 from tierserve.sim.events import EventLoop
+from tierserve.sim.queue_events import QueueListener
 from tierserve.sim.runs import ChunkRun, DecodeRun
 from tierserve.sim.step_time import step_factor_key, step_time_factor
 
@@ -73,14 +75,14 @@ class ReplicaState:
         self.view = ReplicaView(self)
         if policy.needs_oracle:
             policy.bind_oracle(Oracle())
-        self._iteration_hook = type(policy).on_iteration_end is not LocalPolicy.on_iteration_end
-        self._decode_hold_inline = holds_computed_plus_next(policy)
+        # What the policy promises, computed once (policies/local/traits.py); the executor reads nothing else.
+        traits = self.traits = traits_of(policy)
+        self._steady = traits.steady              # its plans' `repeatable` is honoured (else one step each)
+        self._iteration_hook = traits.iteration_hook
+        self._decode_hold_inline = traits.decode_hold_inline
         # The policy names its all-decode batch (`decode_batch`): when nothing waits, a decode run starts
         # from it without a plan, and after a run its sums come from the run's own last pass.
-        # An iteration hook is called at every iteration's end either way (a decode run's too), so it does
-        # not bar decode runs started without a plan; admissions and chunks started so do (below).
-        self._keeps_batch = (type(policy).decode_batch is not LocalPolicy.decode_batch
-                             and self._decode_hold_inline)
+        self._keeps_batch = traits.keeps_decode_batch
         self._carry: tuple | None = None
         # A run's carry kept over an iteration that only admits new requests (vLLM v0's prefill batches):
         # (running-set epoch, n, grow, ctx, rem, tier counts); the epoch counts joins and leaves of `running`.
@@ -89,17 +91,18 @@ class ReplicaState:
         self._admitted_all = False                # every request of the batch in flight joined running for it
         # The policy plans a prefill's next chunk beside the same decodes (`repeats_prefill_chunk`): such an
         # iteration starts without a plan. `_decodes_then_prefill`: the batch in flight has that shape.
-        self._repeats_chunk = policy.repeats_prefill_chunk() and not self._iteration_hook
+        self._repeats_chunk = traits.repeats_chunk
         self._decodes_then_prefill = False
         # The policy names its admissions beside running decodes (`admits_waiting`): after a decode run or an
         # iteration that leaves only decodes, with requests waiting, the next starts without a plan.
-        self._admission_cap = (policy.admits_waiting() if self._keeps_batch and not self._iteration_hook
-                               else None)
+        self._admission_cap = traits.admission_cap
         self._chunks: ChunkRun | None = None      # chunk iterations in flight as one (see `ChunkRun`)
-        self._hold_per_chunk = type(policy).blocks_to_hold is _hold_per_chunk
-        self._hold_whole_prompt = type(policy).blocks_to_hold is _hold_whole_prompt
+        self._hold_per_chunk = traits.hold_rule == "per_chunk"
+        self._hold_whole_prompt = traits.hold_rule == "whole_prompt"
         self._plan_pending = False
         self.on_finish = on_finish
+        # Indexes the simulator keeps beside the replica, told of every queue event (queue_events.py).
+        self._queue_listeners: list[QueueListener] = []
         # The three queues change only through _join/_leave, which keep the load counters below exact.
         self.running: list[RequestState] = []
         self.waiting: list[RequestState] = []
@@ -286,6 +289,10 @@ class ReplicaState:
         self.busy_s += dt
         self.kv_block_seconds += (self.total_blocks - self.free_blocks) * dt
 
+
+    def add_queue_listener(self, listener: QueueListener) -> None:
+        """Tell `listener` of every queue event from now on, after the policy's hook for it."""
+        self._queue_listeners.append(listener)
 
     # ----- the steps a room calls, defined above it in the chain -----
     def poke(self) -> None:

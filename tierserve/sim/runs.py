@@ -1,10 +1,10 @@
+# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 """The records of work in flight on a replica: a decode run, its block-growth schedule, a chunk run; and the
 two small helpers their passes share (a histogram bin flush, a batch's tier counts less its finished).
 
 Owns: the data each run carries between its start and the pass that applies it. May not touch: a replica
 (these records never read or change one; the rooms in decode_runs.py and chunk_runs.py do).
 """
-# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 from __future__ import annotations
 
 from tierserve.core import RequestState

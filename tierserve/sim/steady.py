@@ -1,3 +1,4 @@
+# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 """Steady plans: the decode runs and admissions a policy promises, started without asking it for a plan.
 
 Owns: starting a repeatable plan's run (`_start_run`), a run's end and what follows it (`_end_run`,
@@ -7,7 +8,6 @@ running decodes (`_admissions`, `_admit`, `_admit_waiting`). Each of these repro
 the promise it changes nothing and answers False, and the policy plans. May not touch: a run's arithmetic
 (decode_runs.py), the policy's plan (it is never called here).
 """
-# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 from __future__ import annotations
 
 from tierserve.core import BatchPlan, RequestState, Status
@@ -33,7 +33,7 @@ class SteadyPlans(Iterations):
         batch = []
         grow = []                       # (request, blocks) for the ones crossing into a new block
         ctx0 = 0
-        k = plan.max_repeat if self.skip_ahead else 1
+        k = plan.max_repeat if self.skip_ahead and self._steady else 1     # a withdrawn promise: one step
         for r, n in scheduled:
             c = r.num_computed_tokens
             generated = r.num_generated

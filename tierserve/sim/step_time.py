@@ -1,3 +1,4 @@
+# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 """Step-time variability: each iteration's time factor, drawn from (seed, replica, iteration) by a counter hash.
 
 Owns: the hash and the factor of one iteration (`step_time_factor`). May not touch: a replica's state (the
@@ -5,7 +6,6 @@ replica's `_scale` applies the factor; the speed trace is applied by `sim/simula
 An iteration timed ahead in a run and the same iteration stepped alone draw the same factor, which is what
 keeps skip-ahead exact under variability.
 """
-# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 from __future__ import annotations
 
 _MASK64 = (1 << 64) - 1

@@ -1,3 +1,4 @@
+# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 """Llumnix's load value: virtual usage, per-tier headroom and freeness (higher = freer, everywhere).
 
 Freeness of an instance (Llumnix, OSDI'24, Algorithm 1; ALGORITHMS.md §5):

@@ -1,3 +1,4 @@
+# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 """The loop of `deadline_slack`'s dispatch: argmax of predicted slack over the instances, with each
 instance's last iteration price kept. Compiled with the simulator's hot path (tierserve/_native.py): a dispatch
 reads every instance, so on 64 replicas this loop runs 64 times per request.

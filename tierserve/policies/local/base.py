@@ -175,9 +175,23 @@ def evict_from_tail(running: Sequence[RequestState], i: int, end: int, need: int
     return end, free
 
 
+HOOK_NAMES = ("on_arrival", "on_iteration_end", "on_preempt", "on_relegate", "on_migrate_out", "on_migrate_in",
+              "on_finish")
+
+
+def declares_steady_plans(cls: type[LocalPolicy]) -> type[LocalPolicy]:
+    """Class decorator: the class's plans keep the promises it makes or inherits (`BatchPlan.repeatable`,
+    `decode_batch`, `repeats_prefill_chunk`, `admits_waiting`) with the methods it defines. Needed by a class
+    that defines behaviour under an inherited `plan` (an order, a key, a victim rule): without it those
+    promises are withdrawn for it (`traits.steady_plans`), so an order that, say, depends on the clock cannot
+    silently break skip-ahead."""
+    cls.steady_plans_of = cls   # type: ignore[attr-defined]
+    return cls
+
+
 class PolicyError(RuntimeError):
     """A policy returned a plan the executor refuses (it would break a memory or batch invariant)."""
 
 
-__all__ = ["IterationPredictor", "LocalPolicy", "Oracle", "PolicyError", "ReplicaView", "blocks_for",
-           "evict_from_tail"]
+__all__ = ["HOOK_NAMES", "IterationPredictor", "LocalPolicy", "Oracle", "PolicyError", "ReplicaView", "blocks_for",
+           "declares_steady_plans", "evict_from_tail"]

@@ -1,3 +1,4 @@
+# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 """QoS classes and per-request deadlines (Niyama/QoServe, seed 003 §QoS classes; ALGORITHMS.md §4).
 
 A request's `SLO` names its QoS class:

@@ -4,9 +4,11 @@ only a decode that lacks a KV block evicts, youngest prefills first, then the yo
 from __future__ import annotations
 
 from tierserve.core import RequestState
+from tierserve.policies.local.base import declares_steady_plans
 from tierserve.policies.local.priority import PriorityLoopPolicy
 
 
+@declares_steady_plans
 class FCFSPolicy(PriorityLoopPolicy):
     name = "fcfs"
 

@@ -15,9 +15,11 @@ import math
 
 from tierserve.core import ConfigError, RequestState, Status
 from tierserve.policies.local.base import ReplicaView
+from tierserve.policies.local.base import declares_steady_plans
 from tierserve.policies.local.priority import PriorityLoopPolicy
 
 
+@declares_steady_plans
 class LASPolicy(PriorityLoopPolicy):
     name = "las"
 

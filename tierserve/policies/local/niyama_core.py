@@ -1,3 +1,4 @@
+# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 """Niyama's plan and queues (`tierserve.policies.local.niyama` describes the policy): the part that runs at
 every iteration, kept apart from the policy class so that mypyc can compile it (`tierserve/_native.py`) into a
 native class — the policy class derives from `LocalPolicy`, whose class-level declarations a native class

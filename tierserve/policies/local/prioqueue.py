@@ -1,3 +1,4 @@
+# Compiled with mypyc (tierserve/_native.py, COMPILED_SOURCES): edit it and the package runs pure Python until rebuilt.
 """A waiting queue ordered by a key fixed when a request enters it (a priority queue, as Niyama's prefill
 queue is implemented), for policies whose waiting line can grow to thousands under overload.
 

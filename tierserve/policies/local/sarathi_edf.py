@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from tierserve.core import BatchPlan, PreemptMode, RequestState
-from tierserve.policies.local.base import ReplicaView
+from tierserve.policies.local.base import ReplicaView, declares_steady_plans
 from tierserve.policies.local.deadlines import prefill_deadline
 from tierserve.policies.local.prioqueue import WaitingHeap
 from tierserve.policies.local.sarathi_fcfs import SarathiFCFSPolicy
@@ -46,6 +46,7 @@ class KeyedWaitingMixin:
             self._heap().restore()
 
 
+@declares_steady_plans
 class SarathiEDFPolicy(KeyedWaitingMixin, SarathiFCFSPolicy):
     name = "sarathi_edf"
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from tierserve.core import ConfigError, RequestState
 from tierserve.policies.local.base import ReplicaView
+from tierserve.policies.local.base import declares_steady_plans
 from tierserve.policies.local.priority import NEVER, PriorityLoopPolicy
 
 
+@declares_steady_plans
 class SJFPolicy(PriorityLoopPolicy):
     name = "sjf"
     needs_oracle = True

@@ -9,9 +9,11 @@ from __future__ import annotations
 import math
 
 from tierserve.core import ConfigError, RequestState
+from tierserve.policies.local.base import declares_steady_plans
 from tierserve.policies.local.priority import PriorityLoopPolicy
 
 
+@declares_steady_plans
 class SRPTPolicy(PriorityLoopPolicy):
     name = "srpt"
     needs_oracle = True

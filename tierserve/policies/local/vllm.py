@@ -12,7 +12,7 @@ from operator import attrgetter
 from typing import Sequence
 
 from tierserve.core import BatchPlan, ConfigError, PreemptMode, RequestState
-from tierserve.policies.local.base import LocalPolicy, ReplicaView, _hold_per_chunk
+from tierserve.policies.local.base import LocalPolicy, ReplicaView, _hold_per_chunk, declares_steady_plans
 
 PREEMPT_MODES = {"recompute": PreemptMode.RECOMPUTE, "swap": PreemptMode.SWAP}
 
@@ -26,13 +26,6 @@ def parse_preempt_mode(value: str) -> PreemptMode:
 def is_decode_step(state: RequestState, num_tokens: int) -> bool:
     """True when the request runs exactly its next decode token (the only shape the executor may skip)."""
     return num_tokens == 1 and state.num_generated > 0 and state.num_tokens - state.num_computed_tokens == 1
-
-
-def declares_steady_plans(cls: type[VLLMPolicy]) -> type[VLLMPolicy]:
-    """Class decorator: the class's `decode_batch` and `admits_waiting` describe its own `plan`,
-    `running_order` and `resumable` (as they are when asked: replacing one on the class withdraws them)."""
-    cls.steady_plans_of = cls
-    return cls
 
 
 @declares_steady_plans
@@ -177,6 +170,7 @@ def priority_key(state: RequestState) -> tuple[int, float, int]:
 priority_key_fast = attrgetter("tier", "arrival_s", "id")
 
 
+@declares_steady_plans
 class VLLMPriorityPolicy(VLLMPolicy):
     """vLLM v1 with `scheduling_policy=priority`: priority = tier (0 is served first)."""
 

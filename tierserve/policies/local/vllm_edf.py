@@ -16,9 +16,10 @@ from typing import Sequence
 
 from tierserve.core import RequestState
 from tierserve.policies.local.sarathi_edf import deadline_key
-from tierserve.policies.local.vllm import VLLMPolicy
+from tierserve.policies.local.vllm import VLLMPolicy, declares_steady_plans
 
 
+@declares_steady_plans
 class VLLMDeadlinePolicy(VLLMPolicy):
     """vLLM v1 with the waiting queue by earliest deadline (then arrival) and the latest deadline evicted."""
 
