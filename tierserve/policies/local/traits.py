@@ -50,16 +50,14 @@ def _behaviour(namespace: dict[str, Any]) -> list[str]:
 
 
 def steady_plans(policy: LocalPolicy) -> tuple[bool, str]:
-    """(do the policy's plans keep their promises?, why not). The owner of the promises is the nearest of: the
-    instance if it replaces `plan`, the nearest class that defines `plan` or declares its steady plans
-    (`declares_steady_plans`). Nothing above the owner may define behaviour: not the instance (another method
-    replaced on it), not a subclass between it and the owner."""
+    """(do the policy's plans keep their promises?, why not). The owner of the promises is the nearest class
+    that defines `plan` or declares its steady plans (`declares_steady_plans`). Nothing above the owner may
+    define behaviour: not a subclass between it and the owner, not the instance (a method other than `plan`
+    replaced on it)."""
     own = getattr(policy, "__dict__", {})
-    replaced = [n for n in _behaviour(own) if hasattr(type(policy), n)]    # methods replaced on the instance
-    if "plan" in replaced:
-        replaced.remove("plan")         # the instance's own plan makes its own promises, if the rest is the class's
-        if not replaced:
-            return True, ""
+    # Methods replaced on the instance; a replaced `plan` makes its own promises (it may wrap the class's, so
+    # the class must keep its promises too), any other replaced method withdraws them.
+    replaced = [n for n in _behaviour(own) if hasattr(type(policy), n) and n != "plan"]
     if replaced:
         return False, f"the instance replaces {', '.join(sorted(replaced))}"
     for cls in type(policy).__mro__:
