@@ -13,7 +13,7 @@ from math import log
 from tierserve.core import RequestState
 from tierserve.sim.decode_runs import DecodeRuns
 from tierserve.sim.replica_state import _MAX_CHUNK_RUN, RANK_ITERATION_END
-from tierserve.sim.runs import ChunkRun, _flush_bin
+from tierserve.sim.runs import ChunkRun, NextSums, TokenGaps, advance_decode, emit_token
 
 
 class ChunkRuns(DecodeRuns):
@@ -156,54 +156,21 @@ class ChunkRuns(DecodeRuns):
         hists = self.tbt
         h0 = hists[0]
         log_min, inv, min_value = h0._log_min, h0._inv_log_step, h0.min_value
-        last_gap, last_bin = -1.0, 0
-        # Iteration 0's gaps, as `_end_iteration` adds them: per tier in batch order, one bin per run of
-        # equal gaps (written back at each change and at the end).
-        pend = [0] * len(hists)
-        pend_any = False
-        sums = [h.sum for h in hists]
+        # Iteration 0's gaps, as `_end_iteration` adds them (`TokenGaps`).
+        gaps = TokenGaps(hists)
         tier_decodes = [0] * len(hists)
         bs = self.block_size
         grow = [0] * (alloc_to + 1)     # blocks the decodes take as iteration a (1 … alloc_to) starts
-        one = u == 1
-        span0 = spans[0]
         finished: list[RequestState] = []
-        emitted, grow_next, ctx_next, rem_next = 0, [], 0, 1 << 62   # as `_end_iteration` gathers them
+        nxt = NextSums()                # as `_end_iteration` gathers them
         p_index = len(batch) - 1
         for i in range(p_index):
             r = batch[i][0]
-            c0 = r.num_computed_tokens
+            c0 = advance_decode(r, u, spans, scheduled_s)
             c = c0 + u
-            r.num_computed_tokens = c
-            r.num_tokens += u
-            generated = r.num_generated + u
-            r.num_generated = generated
-            r.attained_tokens += u
-            r.service_tokens += u
-            if one:
-                r.service_s += span0
-            else:
-                service = r.service_s
-                for span in spans:
-                    service += span
-                r.service_s = service
-            r.last_scheduled_s = scheduled_s
-            gap = first_end - r.last_token_s
-            t = r.tier
-            if gap != last_gap:
-                if pend_any:
-                    _flush_bin(hists, last_bin, pend)
-                last_gap = gap
-                last_bin = int((log(gap) - log_min) * inv) if gap > min_value else 0
-            pend[t] += 1
-            pend_any = True
-            sums[t] += gap
-            tier_decodes[t] += 1
-            if shared_max > gap:
-                gap = shared_max
-            if gap > r.tbt_max_s:
-                r.tbt_max_s = gap
-            r.last_token_s = last
+            generated = r.num_generated
+            gaps.run(r, first_end, shared_max, last)
+            tier_decodes[r.tier] += 1
             # Iteration a needs ceil((c0 + a + 1) / bs) blocks: one more than `blocks` from a = blocks·bs − c0.
             blocks = r.num_blocks
             a = blocks * bs - c0
@@ -218,17 +185,8 @@ class ChunkRuns(DecodeRuns):
                 if rem <= 0:
                     finished.append(r)  # type: ignore[union-attr]  # collect: finished is a list
                 else:
-                    emitted += 1
-                    ctx_next += c + 1
-                    if rem < rem_next:
-                        rem_next = rem
-                    need = -(-(c + 1) // bs) - blocks
-                    if need > 0:
-                        grow_next.append((r, need))
-        if pend_any:
-            _flush_bin(hists, last_bin, pend)
-        for h, total in zip(hists, sums):
-            h.sum = total
+                    nxt.add(r, c, blocks, bs, rem)
+        gaps.close()
         # Iterations 1 … u-1: one gap for every decode, added once per decode of each tier, in order.
         for j in range(1, u):
             g = spans[j]
@@ -295,33 +253,13 @@ class ChunkRuns(DecodeRuns):
         batch[-1] = (p, chunks[u - 1])
         prefilling = pc != p.num_tokens
         if not prefilling:              # the prompt's last chunk: its token, as `_end_iteration` emits it
-            generated = p.num_generated + 1
-            p.num_generated = generated
-            p.num_tokens = pc + 1
-            p.attained_tokens += 1
-            if p.first_token_s < 0:
-                p.first_token_s = last
-            else:
-                gap = last - p.last_token_s
-                h = hists[p.tier]
-                b = int((log(gap) - log_min) * inv) if gap > min_value else 0
-                h.counts[b] = h.counts.get(b, 0) + 1
-                h.total += 1
-                h.sum += gap
-                if gap > p.tbt_max_s:
-                    p.tbt_max_s = gap
-            p.last_token_s = last
-            rem = p._request.output_tokens - generated
+            single = TokenGaps(hists)
+            rem = emit_token(p, pc, last, single)
+            single.close()
             if rem <= 0:
                 finished.append(p)
             else:
-                emitted += 1
-                ctx_next += pc + 1
-                if rem < rem_next:
-                    rem_next = rem
-                need = -(-(pc + 1) // bs) - p_blocks
-                if need > 0:
-                    grow_next.append((p, need))
+                nxt.add(p, pc, p_blocks, bs, rem)
         self._batch = []
-        self._after_iteration(last, batch, finished, prefilling, emitted, grow_next, ctx_next, rem_next)
+        self._after_iteration(last, batch, finished, prefilling, nxt.count, nxt.grow, nxt.ctx, nxt.rem_min)
 

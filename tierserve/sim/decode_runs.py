@@ -15,7 +15,7 @@ from math import log
 from tierserve.core import RequestState
 from tierserve.policies.local.base import PolicyError
 from tierserve.sim.replica_state import _REVISE_AT_S, RANK_ITERATION_END, ReplicaState
-from tierserve.sim.runs import BlockGrowth, DecodeRun, _flush_bin
+from tierserve.sim.runs import BlockGrowth, DecodeRun, NextSums, TokenGaps, advance_decode
 
 
 class DecodeRuns(ReplicaState):
@@ -156,20 +156,13 @@ class DecodeRuns(ReplicaState):
         span = last - (ends[m0 - 1] if m0 else run.start_s)
         # As stepping would leave it: the start of the iteration in flight, else of the last one applied.
         scheduled_s = last if in_flight else (ends[upto - 2] if upto >= 2 else run.start_s)
-        # LogHistogram.add inlined for each request's first gap; requests that ran the previous iteration
-        # share it, so it is binned once (the same bins, counts and sums, added in the same order).
-        h0 = hists[0]
-        log_min, inv, min_value = h0._log_min, h0._inv_log_step, h0.min_value
-        last_gap, last_bin = -1.0, 0
-        # Counts of the current bin per tier, and each tier's running sum (added in the same order as
-        # LogHistogram.add would), written back once per bin change and at the end.
-        pend = [0] * len(hists)
-        pend_any = False
-        sums = [h.sum for h in hists]
+        # Each request's first gap; requests that ran the previous iteration share it, so it is binned once
+        # (`TokenGaps`: the same bins, counts and sums, added in the same order).
+        gaps = TokenGaps(hists)
         collect = finished is not None
         # At a run's end, what the next run of the same batch (less the finished) needs, gathered here.
         carry = collect and self._keeps_batch
-        n_next, grow_next, ctx_next, rem_next = 0, [], 0, 1 << 62
+        nxt = NextSums()
         for r in run.batch:
             c = r.num_computed_tokens + cnt
             r.num_computed_tokens = c
@@ -180,21 +173,7 @@ class DecodeRuns(ReplicaState):
             r.service_tokens += cnt
             r.service_s += span
             r.last_scheduled_s = scheduled_s
-            gap = first_end - r.last_token_s
-            t = r.tier
-            if gap != last_gap:
-                if pend_any:
-                    _flush_bin(hists, last_bin, pend)
-                last_gap = gap
-                last_bin = int((log(gap) - log_min) * inv) if gap > min_value else 0
-            pend[t] += 1
-            pend_any = True
-            sums[t] += gap
-            if shared_max > gap:
-                gap = shared_max
-            if gap > r.tbt_max_s:
-                r.tbt_max_s = gap
-            r.last_token_s = last
+            gaps.run(r, first_end, shared_max, last)
             need = -(-(c + extra_tok) // bs) - r.num_blocks
             if need > 0:
                 r.num_blocks += need
@@ -204,19 +183,10 @@ class DecodeRuns(ReplicaState):
                 if rem <= 0:
                     finished.append(r)  # type: ignore[union-attr]  # collect: finished is a list
                 elif carry:
-                    n_next += 1
-                    ctx_next += c + 1
-                    if rem < rem_next:
-                        rem_next = rem
-                    need = -(-(c + 1) // bs) - r.num_blocks
-                    if need > 0:
-                        grow_next.append((r, need))
+                    nxt.add(r, c, r.num_blocks, bs, rem)
         if carry:
-            self._carry = (n_next, grow_next, ctx_next, rem_next)
-        if pend_any:
-            _flush_bin(hists, last_bin, pend)
-        for h, total in zip(hists, sums):
-            h.sum = total
+            self._carry = (nxt.count, nxt.grow, nxt.ctx, nxt.rem_min)
+        gaps.close()
         if free < 0:
             raise AssertionError(f"replica {self.index}: KV over capacity during a decode run")
         self.free_blocks = free
@@ -279,8 +249,6 @@ class DecodeRuns(ReplicaState):
         ends = run.ends
         m0 = run.done
         hists = self.tbt
-        h0 = hists[0]
-        log_min, inv, min_value = h0._log_min, h0._inv_log_step, h0.min_value
         spans: list[float] = []
         later_gaps: list[float] = []
         shared_max = self._add_shared_gaps(run, m0, pieces[0][0])    # the first piece's, before its requests'
@@ -312,49 +280,16 @@ class DecodeRuns(ReplicaState):
         covered_last = cnt + extra_tok
         grow = [0] * len(pieces)
         first_end = ends[m0]
-        last_gap, last_bin = -1.0, 0
         # Counts of the current bin per tier, and each tier's running sum (added in the same order as
         # LogHistogram.add would), written back once per bin change and at the end.
-        pend = [0] * len(hists)
-        pend_any = False
-        sums = [h.sum for h in hists]
-        two = len(pieces) == 2          # the usual case (one deferred cut): its span loop unrolled
-        span0 = spans[0]
-        span1 = spans[1]
+        gaps = TokenGaps(hists)
         collect = finished is not None
         carry = collect and self._keeps_batch     # as in `_apply_run`
-        n_next, grow_next, ctx_next, rem_next = 0, [], 0, 1 << 62
+        nxt = NextSums()
         for r in run.batch:
-            c0 = r.num_computed_tokens
-            r.num_computed_tokens = c0 + cnt
-            r.num_tokens += cnt
-            generated = r.num_generated + cnt
-            r.num_generated = generated
-            r.attained_tokens += cnt
-            r.service_tokens += cnt
-            if two:
-                r.service_s = r.service_s + span0 + span1
-            else:
-                service = r.service_s
-                for span in spans:
-                    service += span
-                r.service_s = service
-            r.last_scheduled_s = scheduled_s
-            gap = first_end - r.last_token_s
-            t = r.tier
-            if gap != last_gap:
-                if pend_any:
-                    _flush_bin(hists, last_bin, pend)
-                last_gap = gap
-                last_bin = int((log(gap) - log_min) * inv) if gap > min_value else 0
-            pend[t] += 1
-            pend_any = True
-            sums[t] += gap
-            if shared_max > gap:
-                gap = shared_max
-            if gap > r.tbt_max_s:
-                r.tbt_max_s = gap
-            r.last_token_s = last
+            c0 = advance_decode(r, cnt, spans, scheduled_s)
+            generated = r.num_generated
+            gaps.run(r, first_end, shared_max, last)
             blocks = r.num_blocks
             next_block = blocks * bs - c0 + 1     # tokens covered at which r needs its next block
             if next_block <= covered_last:
@@ -371,20 +306,10 @@ class DecodeRuns(ReplicaState):
                 if rem <= 0:
                     finished.append(r)  # type: ignore[union-attr]  # collect: finished is a list
                 elif carry:
-                    n_next += 1
-                    c = c0 + cnt
-                    ctx_next += c + 1
-                    if rem < rem_next:
-                        rem_next = rem
-                    need = -(-(c + 1) // bs) - blocks
-                    if need > 0:
-                        grow_next.append((r, need))
+                    nxt.add(r, c0 + cnt, blocks, bs, rem)
         if carry:
-            self._carry = (n_next, grow_next, ctx_next, rem_next)
-        if pend_any:
-            _flush_bin(hists, last_bin, pend)
-        for h, total in zip(hists, sums):
-            h.sum = total
+            self._carry = (nxt.count, nxt.grow, nxt.ctx, nxt.rem_min)
+        gaps.close()
         self._add_later_pieces(run, later_gaps)
         free = self.free_blocks
         used_before = self.total_blocks - free

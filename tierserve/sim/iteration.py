@@ -10,14 +10,12 @@ the `_join_*` / `_leave_*` moves of replica_state.py.
 """
 from __future__ import annotations
 
-from math import log
-
 from tierserve.core import RequestState, Status
 from tierserve.policies.local.base import PolicyError
 from tierserve.sim.chunk_runs import ChunkRuns
 from tierserve.sim.preemption import apply_preemptions, apply_relegations
 from tierserve.sim.replica_state import RANK_ITERATION_END
-from tierserve.sim.runs import _flush_bin
+from tierserve.sim.runs import NextSums, TokenGaps, emit_token
 
 
 class Iterations(ChunkRuns):
@@ -134,20 +132,14 @@ class Iterations(ChunkRuns):
         hists = self.tbt
         # LogHistogram.add inlined: the requests decoding in this batch share one previous token time, so
         # their gaps are equal and binned once (the same bins, counts and sums, added in the same order).
-        h0 = hists[0]
-        log_min, inv, min_value = h0._log_min, h0._inv_log_step, h0.min_value
-        last_gap, last_bin = -1.0, 0
-        # Counts of the current bin per tier, and each tier's running sum (added in the same order as
-        # LogHistogram.add would), written back once per bin change and at the end.
-        pend = [0] * len(hists)
-        pend_any = False
-        sums = [h.sum for h in hists]
+        # Each gap binned as LogHistogram.add would, the sums added in the same order (`TokenGaps`).
+        gaps = TokenGaps(hists)
         prefilling = False                      # some request still has prompt (or recompute) to run
         # Over the requests that emitted a token and go on decoding: what their next decode needs (the
         # sums `_continue_decodes` and `_continue_chunk` start from): count, blocks, Σ (computed + 1), min rest.
         bs = self.block_size
         gather = self._keeps_batch or self._repeats_chunk
-        emitted, grow_next, ctx_next, rem_next = 0, [], 0, 1 << 62
+        nxt = NextSums()
         for r, n in self._batch:
             c = r.num_computed_tokens + n
             r.num_computed_tokens = c
@@ -159,47 +151,18 @@ class Iterations(ChunkRuns):
                 if c > attained_prompt:
                     r.attained_tokens += (c if c < prompt else prompt) - attained_prompt
             if c == r.num_tokens:                # the iteration emits a token
-                generated = r.num_generated + 1
-                r.num_generated = generated
-                r.num_tokens = c + 1
-                r.attained_tokens += 1
-                if r.first_token_s < 0:
-                    r.first_token_s = now
-                else:
-                    gap = now - r.last_token_s
-                    t = r.tier
-                    if gap != last_gap:
-                        if pend_any:
-                            _flush_bin(hists, last_bin, pend)
-                        last_gap = gap
-                        last_bin = int((log(gap) - log_min) * inv) if gap > min_value else 0
-                    pend[t] += 1
-                    pend_any = True
-                    sums[t] += gap
-                    if gap > r.tbt_max_s:
-                        r.tbt_max_s = gap
-                r.last_token_s = now
-                rem = r._request.output_tokens - generated     # the executor owns the truth
+                rem = emit_token(r, c, now, gaps)
                 if rem <= 0:
                     finished.append(r)  # type: ignore[union-attr]  # collect: finished is a list
                 elif gather:
-                    emitted += 1
-                    ctx_next += c + 1
-                    if rem < rem_next:
-                        rem_next = rem
-                    need = -(-(c + 1) // bs) - r.num_blocks
-                    if need > 0:
-                        grow_next.append((r, need))
+                    nxt.add(r, c, r.num_blocks, bs, rem)
             else:
                 prefilling = True
-        if pend_any:
-            _flush_bin(hists, last_bin, pend)
-        for h, total in zip(hists, sums):
-            h.sum = total
+        gaps.close()
         batch, self._batch = self._batch, []
         if self._iteration_hook:
             self.policy.on_iteration_end([r for r, _ in batch], 1, dt, self.view)
-        self._after_iteration(now, batch, finished, prefilling, emitted, grow_next, ctx_next, rem_next)
+        self._after_iteration(now, batch, finished, prefilling, nxt.count, nxt.grow, nxt.ctx, nxt.rem_min)
 
     def _after_iteration(self, now: float, batch: list[tuple[RequestState, int]], finished: list[RequestState],
                          prefilling: bool, emitted: int, grow_next: list, ctx_next: int, rem_next: int) -> None:
@@ -296,18 +259,7 @@ class Iterations(ChunkRuns):
             tokens, pairs = self._admit(admitted, now, pairs)
             batch += [(w, n_w) for w, n_w, _ in admitted]
             prefill_tokens += tokens
-        self.free_blocks = free
-        used = self.total_blocks - free
-        if used > self.max_used_blocks:
-            self.max_used_blocks = used
-        dt = self.predictor.iteration_time(prefill_tokens, pairs, num_decodes, ctx)
-        if self._scaled:
-            dt = self._scale(dt, self.iterations)
-        dt += 0.0                       # no PCIe time: nothing swapped or preempted
-        self._batch = batch
-        self._batch_start_s = now
-        self._account(dt)
-        self._version += 1
+        dt = self._start_unplanned(batch, free, prefill_tokens, pairs, num_decodes, ctx, now)
         end = now + dt
         if admitted:                    # two prefills or more: an ordinary iteration (as `_allocate` says)
             self._decodes_then_prefill = False
@@ -321,6 +273,25 @@ class Iterations(ChunkRuns):
         self.loop.at(end, RANK_ITERATION_END, self._end_iteration, self._version)
         return True
 
+
+    def _start_unplanned(self, batch: list[tuple[RequestState, int]], free: int, prefill_tokens: int, pairs: float,
+                         num_decodes: int, ctx: int, now: float) -> float:
+        """Start `batch` — a promised iteration with prefill tokens, its blocks given (`free` left) — as
+        `_start_next` starts a plan's: the time (no PCIe: nothing swapped or preempted), the statistics, the
+        batch in flight. Returns its duration; the caller schedules its end."""
+        self.free_blocks = free
+        used = self.total_blocks - free
+        if used > self.max_used_blocks:
+            self.max_used_blocks = used
+        dt = self.predictor.iteration_time(prefill_tokens, pairs, num_decodes, ctx)
+        if self._scaled:
+            dt = self._scale(dt, self.iterations)
+        dt += 0.0                       # no PCIe time: nothing swapped or preempted
+        self._batch = batch
+        self._batch_start_s = now
+        self._account(dt)
+        self._version += 1
+        return dt
 
     def _finish(self, r: RequestState, now: float) -> None:
         self._leave_running(r)

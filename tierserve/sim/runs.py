@@ -7,6 +7,8 @@ Owns: the data each run carries between its start and the pass that applies it. 
 """
 from __future__ import annotations
 
+from math import log
+
 from tierserve.core import RequestState
 from tierserve.core.histogram import LogHistogram
 
@@ -109,3 +111,109 @@ class ChunkRun:
         self.ended = 0
 
 
+
+
+class TokenGaps:
+    """The token gaps of one pass over a batch, binned into each tier's histogram as `LogHistogram.add` would
+    bin them one by one: requests that share a previous token time share a gap, binned once; a bin's counts
+    are written back when the gap changes, each tier's sum (added in the pass's order) at `close`."""
+
+    __slots__ = ("hists", "log_min", "inv", "min_value", "last_gap", "last_bin", "pend", "pend_any", "sums")
+
+    def __init__(self, hists: list[LogHistogram]) -> None:
+        h0 = hists[0]
+        self.hists = hists
+        self.log_min = h0._log_min
+        self.inv = h0._inv_log_step
+        self.min_value = h0.min_value
+        self.last_gap = -1.0
+        self.last_bin = 0
+        self.pend = [0] * len(hists)          # counts of the current bin per tier
+        self.pend_any = False
+        self.sums = [h.sum for h in hists]
+
+    def add(self, tier: int, gap: float) -> None:
+        if gap != self.last_gap:
+            if self.pend_any:
+                _flush_bin(self.hists, self.last_bin, self.pend)
+            self.last_gap = gap
+            self.last_bin = int((log(gap) - self.log_min) * self.inv) if gap > self.min_value else 0
+        self.pend[tier] += 1
+        self.pend_any = True
+        self.sums[tier] += gap
+
+    def run(self, r: RequestState, first_end: float, shared_max: float, last: float) -> None:
+        """`r` emitted each token of a run's iterations: its first gap (from its last token to `first_end`) is
+        binned, its largest is that or `shared_max` (the run's own gaps), its last token came at `last`."""
+        gap = first_end - r.last_token_s
+        self.add(r.tier, gap)
+        if shared_max > gap:
+            gap = shared_max
+        if gap > r.tbt_max_s:
+            r.tbt_max_s = gap
+        r.last_token_s = last
+
+    def close(self) -> None:
+        if self.pend_any:
+            _flush_bin(self.hists, self.last_bin, self.pend)
+        for h, total in zip(self.hists, self.sums):
+            h.sum = total
+
+
+def emit_token(r: RequestState, computed: int, now: float, gaps: TokenGaps) -> int:
+    """The token an iteration ending at `now` emits for `r`, whose `computed` tokens are all it knew: its
+    counts, its first-token time or its gap (into `gaps`) and largest gap. Returns the tokens it has left
+    (by its true output length: the executor owns the truth; ≤ 0: it is finished)."""
+    generated = r.num_generated + 1
+    r.num_generated = generated
+    r.num_tokens = computed + 1
+    r.attained_tokens += 1
+    if r.first_token_s < 0:
+        r.first_token_s = now
+    else:
+        gap = now - r.last_token_s
+        gaps.add(r.tier, gap)
+        if gap > r.tbt_max_s:
+            r.tbt_max_s = gap
+    r.last_token_s = now
+    return r._request.output_tokens - generated
+
+
+def advance_decode(r: RequestState, tokens: int, spans: list[float], scheduled_s: float) -> int:
+    """`r` decoded `tokens` tokens over iterations of a run that took `spans` seconds (added in order, as
+    stepping adds them), the last scheduled at `scheduled_s`. Returns its tokens computed before them."""
+    computed = r.num_computed_tokens
+    r.num_computed_tokens = computed + tokens
+    r.num_tokens += tokens
+    r.num_generated += tokens
+    r.attained_tokens += tokens
+    r.service_tokens += tokens
+    service = r.service_s
+    for span in spans:
+        service += span
+    r.service_s = service
+    r.last_scheduled_s = scheduled_s
+    return computed
+
+
+class NextSums:
+    """Over the requests a pass leaves decoding: what their next iteration needs, gathered as the pass goes —
+    how many, the blocks each must add first, Σ (computed + 1), and the fewest tokens any has left."""
+
+    __slots__ = ("count", "grow", "ctx", "rem_min")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.grow: list[tuple[RequestState, int]] = []
+        self.ctx = 0
+        self.rem_min = 1 << 62
+
+    def add(self, r: RequestState, computed: int, blocks: int, block_size: int, rem: int) -> None:
+        """`r` emitted a token with `computed` tokens computed, holds `blocks` and has `rem` tokens left."""
+        self.count += 1
+        self.ctx += computed + 1
+        if rem < self.rem_min:
+            self.rem_min = rem
+        need = -(-(computed + 1) // block_size) - blocks
+        if need > 0:
+            self.grow.append((r, need))

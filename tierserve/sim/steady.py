@@ -167,22 +167,11 @@ class SteadyPlans(Iterations):
         batch = [(r, 1) for r in order]
         prefill_tokens, pairs = self._admit(admitted, now, 0.0)
         batch += [(w, n) for w, n, _ in admitted]
-        self.free_blocks = free
-        used = self.total_blocks - free
-        if used > self.max_used_blocks:
-            self.max_used_blocks = used
         w, n, _ = admitted[-1]
         if self._repeats_chunk:         # as `_allocate` classifies the batch
             self._decodes_then_prefill = len(admitted) == 1 and not (
                 n == 1 and w.num_tokens - w.num_computed_tokens == 1 and w.num_generated > 0)
-        dt = self.predictor.iteration_time(prefill_tokens, pairs, n_dec, ctx)
-        if self._scaled:
-            dt = self._scale(dt, self.iterations)
-        dt += 0.0                       # no PCIe time: nothing swapped or preempted
-        self._batch = batch
-        self._batch_start_s = now
-        self._account(dt)
-        self._version += 1
+        dt = self._start_unplanned(batch, free, prefill_tokens, pairs, n_dec, ctx, now)
         end = now + dt
         if (self._repeats_chunk and self._decodes_then_prefill and self.skip_ahead and rem_min > 1
                 and self._chunks_start(batch, w.num_computed_tokens + n, n_dec, ctx, free, rem_min, now, dt, end)):
