@@ -18,11 +18,18 @@ console = Console(width=max(Console().width, 140))
 
 def _register_optional() -> None:
     """Command groups contributed by other modules (hardware, reproductions)."""
+    import importlib
     try:
         from tierserve.cli import hardware_cmds
         hardware_cmds.register(app)
     except ImportError:
         pass
+    for name in ("sweep_cmds", "plan_cmds", "report_cmds"):   # sweeps, capacity plans, HTML reports
+        try:
+            importlib.import_module(f"tierserve.cli.{name}").register(app)
+        except ModuleNotFoundError as e:
+            if e.name != f"tierserve.cli.{name}":
+                raise
     try:
         from tierserve.cli.ktier_cmds import reproduce_app
     except ImportError:
