@@ -13,13 +13,16 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from tierserve.hardware.calibration import (
+from tierserve.hardware.fits import (
     AllReduceFit,
     AttentionFit,
     LayerFit,
     allreduce_from_json,
+    allreduce_to_json,
     attention_from_json,
+    attention_to_json,
     layerfit_from_json,
+    layerfit_to_json,
 )
 from tierserve.hardware.specs import GPUSpec, ModelSpec, get_gpu, get_model
 
@@ -81,7 +84,6 @@ class CoefficientStore:
         return None, "alpha-beta roofline on NVLink"
 
     def to_json(self) -> dict[str, Any]:
-        from tierserve.hardware.calibration import allreduce_to_json, attention_to_json, layerfit_to_json
         return {
             "meta": self.meta,
             "layers": {g: {m: {str(tp): layerfit_to_json(f) for tp, f in fits.items()} for m, fits in bm.items()}
