@@ -13,7 +13,7 @@ import pytest
 from tierserve.core import Outcome
 from tierserve.metrics import COLUMNS, RequestTable, summarize
 from tierserve.metrics.stability import (
-    BACKLOG, STABLE, UNKNOWN, UNSTABLE, aggregate, backlog_verdict, mean_ci95, run_stability, stability_verdict,
+    BACKLOG, STABLE, UNKNOWN, UNSTABLE, WORK, aggregate, backlog_verdict, mean_ci95, run_stability, stability_verdict,
     steady_run, steady_state_mask, steady_state_summary, trend_test,
 )
 
@@ -210,7 +210,7 @@ def test_backlog_verdict_sees_a_deadline_scheduler_serving_relaxed_requests_afte
     v = backlog_verdict(table)
     assert v.verdict == UNSTABLE and v.measure == BACKLOG and v.ratio == pytest.approx(2 / 3, abs=0.02)
     run = steady_run(table, 1000.0, ["Q1", "Q2", "Q3"], seed=0)
-    assert run.stability[BACKLOG].verdict == UNSTABLE and not run.stable and run.verdict_line() == "unstable (backlog)"
+    assert run.stability[WORK].verdict == UNSTABLE and not run.stable and run.verdict_line() == UNSTABLE
     assert str(v).startswith("unstable: backlog")
 
 
