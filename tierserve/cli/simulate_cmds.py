@@ -11,7 +11,7 @@ from rich.console import Console
 
 from tierserve.core import ConfigError
 from tierserve.core.errors import Interrupted
-from tierserve.core.files import check_out_dir
+from tierserve.core.files import check_out_dir, shown
 from tierserve.experiments.capacity import judge
 from tierserve.experiments.scenario import (
     STREAM_ABOVE, ScenarioConfig, ScenarioResult, run_scenario, should_stream, write_result,
@@ -139,7 +139,7 @@ def register(app: typer.Typer, console: Console) -> None:
                           f"{cfg.workload.num_requests} requests per seed")
             _print_seeds(console, {f"{c.local_policy}+{c.cluster_policy}": res}, frac)
             if out:
-                console.print(f"wrote seed<N>/ (requests.csv, summary.json) and seeds.json under {out}/")
+                console.print(f"wrote seed<N>/ (requests.csv, summary.json) and seeds.json under {shown(out)}/")
             return
         result = run_with_progress(cfg, console, streamed, out, records)
         c, s = cfg.cluster, result.sim.stats
@@ -157,7 +157,7 @@ def register(app: typer.Typer, console: Console) -> None:
         if out:
             result.summary.extras["stability"] = {k: v.to_dict() for k, v in stability.items()}
             paths = write_result(result, out)
-            console.print("wrote " + ", ".join(str(p) for p in paths.values()))
+            console.print("wrote " + ", ".join(shown(p) for p in paths.values()))
 
     @app.command()
     def compare(
@@ -217,7 +217,7 @@ def _compare(console: Console, cfgs: Mapping[str, ScenarioConfig], executor: str
         res = run_seeds_many(labelled, _seed_list(first.seed, seeds), frac, executor=executor, outdir=out)
         _print_seeds(console, {stack: res[label] for stack, label in zip(cfgs, labelled)}, frac)
         if out:
-            console.print(f"wrote each stack's seed<N>/ outputs and seeds.json under {out}/")
+            console.print(f"wrote each stack's seed<N>/ outputs and seeds.json under {shown(out)}/")
         return
     jobs = [{"cfg": c.model_dump(mode="json"), "seed": c.seed, "drop_fraction": 0.0,
              "outdir": str(Path(out) / stack.replace("+", "__")) if out else None} for stack, c in cfgs.items()]
@@ -226,7 +226,7 @@ def _compare(console: Console, cfgs: Mapping[str, ScenarioConfig], executor: str
     except Interrupted as e:
         done = [stack for i, stack in enumerate(cfgs) if i in e.finished]
         Console(stderr=True).print("finished before the interrupt: " + (", ".join(done) or "none")
-                                   + (f" (their outputs are under {out}/)" if out and done else ""))
+                                   + (f" (their outputs are under {shown(out)}/)" if out and done else ""))
         raise
     summaries = {stack: r.summary for stack, r in runs.items()}
     if metrics:
@@ -236,7 +236,7 @@ def _compare(console: Console, cfgs: Mapping[str, ScenarioConfig], executor: str
     for stack, r in runs.items():
         console.print(f"[bold]{stack}[/] queue: {_colour(r.verdict_line())}")
     if out:
-        console.print(f"wrote each stack's requests.csv and summary.json under {out}/")
+        console.print(f"wrote each stack's requests.csv and summary.json under {shown(out)}/")
 
 
 def _seed_list(first: int, n: int) -> list[int]:
