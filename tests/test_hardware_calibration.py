@@ -37,6 +37,19 @@ def test_profile_empty_and_absent(tmp_path):
         fit_attention_profile(tmp_path / "missing.csv", "llama-3-8b", "a100")
 
 
+def test_profile_counts_written_as_floats_are_ints_and_fractions_are_refused(tmp_path):
+    header = ["time_stats.all_reduce.median", "num_workers", "size", "devices_per_node"]
+    rows = [[0.01 * (1 + k), "2.0", 2 ** (10 + k), "2.0"] for k in range(6)]
+    fits, _ = fit_allreduce(_write(tmp_path / "all_reduce.csv", header, rows))
+    assert list(fits) == [2]                                   # 2.0 read as the group size 2
+    rows[3][1] = "2.5"
+    with pytest.raises(ProfileError, match=r"all_reduce2\.csv, column 'num_workers'.*row 5.*'2\.5' is not an integer"):
+        fit_allreduce(_write(tmp_path / "all_reduce2.csv", header, rows))
+    it = ["prefill_tokens", "decode_count", "decode_context_sum", "measured_ms", "prefill_attn_pairs"]
+    with pytest.raises(ProfileError, match=r"decode_count.*row 3.*'4\.5'"):
+        calibrate_from_iterations(_write(tmp_path / "it.csv", it, [[0, 4, 40, 5.0, 0], [0, "4.5", 40, 5.0, 0]] * 3))
+
+
 def test_iterations_bad_input(tmp_path):
     p = _write(tmp_path / "it.csv", ["prefill_tokens", "decode_count", "measured_ms"], [[1, 2, 3]])
     with pytest.raises(ProfileError, match="decode_context_sum"):

@@ -46,6 +46,17 @@ def column(rows: list[dict[str, str]], name: str, source: str | Path) -> np.ndar
     return out
 
 
+def int_column(rows: list[dict[str, str]], name: str, source: str | Path) -> np.ndarray:
+    """A column of counts: integral values (`2` or `2.0`, as Vidur writes them) as ints; a blank or a
+    non-integral cell (`2.5`) is an error naming the row and the column."""
+    values = column(rows, name, source)
+    bad = ~np.isfinite(values) | (values != np.round(values))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ProfileError(source, name, f"row {i + 2}: {rows[i].get(name)!r} is not an integer")
+    return values.astype(int)
+
+
 def holdout_mask(n: int) -> np.ndarray:
     """True for the held-out rows (fixed seed, so reports are reproducible)."""
     rng = np.random.default_rng(_SEED)

@@ -8,7 +8,7 @@ import numpy as np
 
 from tierserve.core.errors import ConfigError
 from tierserve.hardware.exec_builder import model_from_physical_parameters
-from tierserve.hardware.fit_tools import column, fit_nonneg, holdout_mask, mape, read_rows
+from tierserve.hardware.fit_tools import column, fit_nonneg, holdout_mask, int_column, mape, read_rows
 from tierserve.hardware.fits import ProfileError
 from tierserve.hardware.iteration_fit import (
     STEP_RATIO_TABLE_SIZE, IterationFit, PhysicalIterationFit,
@@ -40,6 +40,8 @@ def _read_iteration_log(p: Path) -> tuple[dict[str, np.ndarray], np.ndarray, lis
             raise ProfileError(p, c, f"row {int(np.argmax(bad)) + 2}: empty or non-numeric value")
     if not np.isfinite(pairs).all():
         raise ProfileError(p, "prefill_attn_pairs", "empty or non-numeric value")
+    for c in ("prefill_tokens", "decode_count"):
+        cols[c] = int_column(rows, c, p).astype(float)     # counts: 12 or 12.0, never 12.5
     if (cols["measured_ms"] <= 0).any():
         raise ProfileError(p, "measured_ms", "values must be positive")
     exclude = [(r.get(EXCLUDE_COLUMN) or "").strip() for r in rows]

@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from tierserve.hardware.coefficients import CoefficientStore
-from tierserve.hardware.fit_tools import HOLDOUT_FRACTION, column, fit_nonneg, holdout_mask, mape, read_rows
+from tierserve.hardware.fit_tools import (
+    HOLDOUT_FRACTION, column, fit_nonneg, holdout_mask, int_column, mape, read_rows,
+)
 from tierserve.hardware.fits import AllReduceFit, AttentionFit, FitReport, LayerFit, ProfileError
 from tierserve.hardware.roofline import (
     ELEMENTWISE_OPS,
@@ -78,7 +80,7 @@ def fit_mlp_profile(path: str | Path, model: ModelSpec | str | None = None,
     m = get_model(model) if model is not None else _model_from_profile(rows, p)
     g = get_gpu(gpu) if gpu is not None else _gpu_from_path(p)
     tokens_all = column(rows, "num_tokens", p)
-    tp_all = column(rows, "num_tensor_parallel_workers", p).astype(int)
+    tp_all = int_column(rows, "num_tensor_parallel_workers", p)
     fits: dict[int, LayerFit] = {}
     reports: list[FitReport] = []
     for tp in sorted(set(tp_all.tolist())):
@@ -170,7 +172,7 @@ def fit_attention_profile(path: str | Path, model: ModelSpec | str, gpu: GPUSpec
     need = ["batch_size", "prefill_chunk_size", "kv_cache_size", "is_prefill", "num_tensor_parallel_workers",
             "time_stats.attn_prefill.median", "time_stats.attn_decode.median"]
     rows = read_rows(p, need)
-    tps = {int(float(r["num_tensor_parallel_workers"])) for r in rows}
+    tps = set(int_column(rows, "num_tensor_parallel_workers", p).tolist())
     if len(tps) != 1:
         raise ProfileError(p, "num_tensor_parallel_workers", f"expected one TP degree, found {sorted(tps)}")
     tp = tps.pop()
@@ -238,8 +240,8 @@ def fit_allreduce(path: str | Path) -> tuple[dict[int, AllReduceFit], list[FitRe
     p = Path(path)
     rows = read_rows(p, ["time_stats.all_reduce.median", "num_workers", "size", "devices_per_node"])
     t = column(rows, "time_stats.all_reduce.median", p)
-    n = column(rows, "num_workers", p).astype(int)
-    dpn = column(rows, "devices_per_node", p).astype(int)
+    n = int_column(rows, "num_workers", p)
+    dpn = int_column(rows, "devices_per_node", p)
     size = column(rows, "size", p)
     test = holdout_mask(len(rows))
     fits: dict[int, AllReduceFit] = {}
