@@ -24,7 +24,7 @@ def _register_optional() -> None:
         hardware_cmds.register(app)
     except ImportError:
         pass
-    for name in ("sweep_cmds", "plan_cmds", "report_cmds"):   # sweeps, capacity plans, HTML reports
+    for name in ("sweep_cmds", "plan_cmds", "report_cmds", "router_cmds"):   # sweeps, plans, reports, router
         try:
             importlib.import_module(f"tierserve.cli.{name}").register(app)
         except ModuleNotFoundError as e:
