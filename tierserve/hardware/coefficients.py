@@ -24,6 +24,7 @@ from tierserve.hardware.fits import (
     layerfit_from_json,
     layerfit_to_json,
 )
+from tierserve.hardware.fit_schema import validated_store
 from tierserve.hardware.specs import GPUSpec, ModelSpec, get_gpu, get_model
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -113,4 +114,4 @@ def load_store(path: str | None = None) -> CoefficientStore:
     p = Path(path) if path else DEFAULT_COEFFICIENTS
     if not p.is_file():
         return CoefficientStore()
-    return CoefficientStore.from_json(json.loads(p.read_text()))
+    return CoefficientStore.from_json(validated_store(p))

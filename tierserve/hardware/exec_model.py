@@ -23,6 +23,7 @@ from tierserve.hardware.exec_builder import (
     model_from_physical_parameters,
     prefill_attention_pairs,
 )
+from tierserve.hardware.fit_schema import validate_fit
 from tierserve.hardware.iteration_fit import PHYSICAL_FIT_KIND, IterationFit, PhysicalIterationFit
 from tierserve.hardware.specs import get_gpu, get_model
 
@@ -60,6 +61,7 @@ def load_execution_model(path: str, model: str, gpu: str, tp: int = 1, *, mode: 
     parametrised fit of measured iterations, or a bare linear fit, told apart by their keys."""
     check_mode(mode)
     data = read_mapping(path, "exec_model_file", json.loads, (ValueError,), "JSON")
+    validate_fit(data, path)          # a schema per kind (fit_schema.py): unknown kinds and bad values refused
     measured = data.get("kind") == PHYSICAL_FIT_KIND or "c_ctx_s" in data
     if measured and mode != "physical":
         raise ConfigError("exec_mode", mode, f"physical: {path} is a fit of measured iterations, which has no "

@@ -9,6 +9,7 @@ import numpy as np
 from tierserve.core.errors import ConfigError
 from tierserve.hardware.exec_builder import model_from_physical_parameters
 from tierserve.hardware.fit_tools import column, fit_nonneg, holdout_mask, int_column, mape, read_rows
+from tierserve.hardware.fit_schema import check_above_roofline, check_distinct_rows, check_iteration_log
 from tierserve.hardware.fits import ProfileError
 from tierserve.hardware.iteration_fit import (
     STEP_RATIO_TABLE_SIZE, IterationFit, PhysicalIterationFit,
@@ -44,6 +45,7 @@ def _read_iteration_log(p: Path) -> tuple[dict[str, np.ndarray], np.ndarray, lis
         cols[c] = int_column(rows, c, p).astype(float)     # counts: 12 or 12.0, never 12.5
     if (cols["measured_ms"] <= 0).any():
         raise ProfileError(p, "measured_ms", "values must be positive")
+    check_iteration_log(p, cols, pairs)
     exclude = [(r.get(EXCLUDE_COLUMN) or "").strip() for r in rows]
     return cols, pairs, exclude, rows
 
@@ -100,6 +102,7 @@ def calibrate_from_iterations(csv_path: str | Path, model: str | None = None, gp
     if use.sum() < 5:
         raise ProfileError(p, None, f"need at least 5 rows to fit 5 coefficients, got {int(use.sum())}")
     x, y = x[use], y[use]
+    check_distinct_rows(p, x[:, 1:], 5)
     test = holdout_mask(len(y)) if len(y) >= 20 else np.zeros(len(y), bool)
     coef = fit_nonneg(x[~test], y[~test], relative=objective == "relative")
     err = mape(x[test] @ coef, y[test]) if test.any() else mape(x @ coef, y)
@@ -186,6 +189,8 @@ def fit_physical_iterations(p: Path, cols: dict[str, np.ndarray], pairs: np.ndar
     use = np.array([not e for e in exclude])
     if use.sum() < 4:
         raise ProfileError(p, None, f"need at least 4 usable rows for a physical fit, got {int(use.sum())}")
+    check_distinct_rows(p, np.stack([P, B, C, pairs], axis=1)[use], 4)
+    check_above_roofline(p, m.name, g.name, tp, P, pairs, B, C, y_all, use)
     attn_col = pairs * attn_flops_per_pair(m, tp) * m.num_layers / g.peak_flops   # seconds at 100% of peak
 
     def predict(em) -> np.ndarray:
