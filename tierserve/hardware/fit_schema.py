@@ -124,6 +124,7 @@ class GemmFitEntry(_Schema):
     corr_log2t: list[Log2] = Field(default_factory=list, max_length=128)
     corr_factor: list[Ratio] = Field(default_factory=list, max_length=128)
     tile_tokens: Annotated[Int, Field(ge=1, le=1 << 20)] = 1
+    waves: bool = Field(False, strict=True, description="compute in whole waves of output tiles (roofline.py)")
 
     @model_validator(mode="after")
     def _knots(self) -> GemmFitEntry:
