@@ -21,6 +21,8 @@ from tierserve.metrics.stability import (
 )
 
 MAIN_JOB_METRICS = ("ttft.p50", "ttft.p99", "tbt.p99", "ttlt.p99", "slo_attainment", "goodput_rps")
+# What `tierserve simulate` runs with no options: FCFS, tier priority, and the tier contract (docs/contract.md).
+MAIN_JOB_STACKS = ("vllm+round_robin", "vllm_priority+round_robin", "tierserve+tierserve")
 STEADY_HELP = "Statistics over the steady-state window only (first and last --drop-fraction of arrivals dropped)."
 DROP_HELP = "With --steady-state: fraction of arrivals dropped at each end."
 SEEDS_HELP = "Run this many seeds (the scenario's seed and the ones after it); show mean ± 95% interval."
@@ -109,16 +111,17 @@ def register(app: typer.Typer, console: Console) -> None:
                        num_requests=num_requests, seed=seed, time_limit=time_limit, no_skip_ahead=no_skip_ahead)
         if config is None and all(v is None for v in (local_policy, cluster_policy, trace, rate, replicas, model,
                                                        gpu, tp)):
-            # The main job: the default scenario, FCFS baseline and tier-aware stack side by side.
-            from tierserve.experiments.scenario import DEFAULT_STACKS, default_load_note
-            cfgs = _stack_configs(None, DEFAULT_STACKS, options)
+            # The main job: the default scenario, FCFS baseline, tier priority and the tierserve stack side by side.
+            from tierserve.experiments.scenario import default_load_note
+            cfgs = _stack_configs(None, MAIN_JOB_STACKS, options)
             first = next(iter(cfgs.values()))
             c = first.cluster
             console.print(f"[bold]default scenario[/]: {c.num_replicas}× {c.replica.model} on {c.replica.gpu}, "
                           f"{first.workload.num_requests} requests, 3 tiers (enterprise mix); "
                           + default_load_note())
-            console.print(f"{DEFAULT_STACKS[0]} is the FCFS baseline; {DEFAULT_STACKS[1]} changes only the "
-                          "replica's queue order (priority = tier)")
+            console.print(f"{MAIN_JOB_STACKS[0]} is the FCFS baseline; {MAIN_JOB_STACKS[1]} changes only the "
+                          f"replica's queue order (priority = tier); {MAIN_JOB_STACKS[2]} is the tier contract "
+                          "(docs/contract.md)")
             _compare(console, cfgs, executor, out, steady_state, drop_fraction, seeds, metrics=MAIN_JOB_METRICS)
             return
         cfg = scenario_from_options(config, options)
