@@ -35,7 +35,7 @@ def _register_optional() -> None:
     except ImportError:
         return
     import importlib
-    for name in ("uniboost_cmds", "niyama_cmds"):        # each seed's reproduction adds its command
+    for name in ("uniboost_cmds", "niyama_cmds", "contract_cmds"):   # each reproduction adds its command
         try:
             module = importlib.import_module(f"tierserve.cli.{name}")
         except ModuleNotFoundError as e:
