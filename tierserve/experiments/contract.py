@@ -59,28 +59,27 @@ class Study:
     num_requests: int = 3000                     # default-scenario runs (the burst needs the full 3,000)
     variant_requests: int = 3000                 # ablation and sensitivity runs (the default scenario too)
     stacks: tuple[str, ...] = STACKS
-    capacity_stacks: tuple[str, ...] = (FCFS, "vllm_priority+round_robin", "vllm_edf+round_robin",
-                                        "llumlet+llumnix_k_adaptive", "niyama+deadline_slack", TIERSERVE)
+    capacity_stacks: tuple[str, ...] = (FCFS, "vllm_priority+round_robin", "llumlet+llumnix_k_adaptive",
+                                        "niyama+deadline_slack", TIERSERVE)
     capacity_range: tuple[float, float] = (8.0, 40.0)
     capacity_rel_tol: float = 0.05
-    capacity_run_length: tuple[int, int] = (1500, 3000)
+    capacity_run_length: tuple[int, int] = (1000, 2000)
     rhos: tuple[float, ...] = (0.5, 0.7, 0.9, 1.0, 1.1)
-    steady_requests: int = 2000
-    steady_stacks: tuple[str, ...] = (FCFS, "vllm_priority+round_robin", "llumlet+llumnix_k_adaptive",
-                                      "niyama+deadline_slack", TIERSERVE)
+    steady_requests: int = 1500
+    steady_stacks: tuple[str, ...] = (FCFS, "vllm_priority+round_robin", "niyama+deadline_slack", TIERSERVE)
     ktier_mixes: tuple[str, ...] = ("uniform", "gaussian", "enterprise")
     ktier_ks: tuple[int, ...] = (3, 4, 5)
-    ktier_stacks: tuple[str, ...] = (FCFS, "llumlet+llumnix_k", "llumlet+llumnix_k_adaptive", TIERSERVE)
+    ktier_stacks: tuple[str, ...] = (FCFS, "llumlet+llumnix_k", TIERSERVE)
     ktier_rho: float = 0.9
     reasoning_requests: int = 800
     reasoning_rho: float = 0.8
     reasoning_stacks: tuple[str, ...] = (FCFS, "vllm_priority+round_robin", "uniboost+jsq", TIERSERVE)
-    diurnal_requests: int = 3000
+    diurnal_requests: int = 2000
     diurnal_period_s: float = 120.0
     diurnal_rho: float = 1.0                     # mean rate; peaks at 1.5× (amplitude 0.5)
-    diurnal_stacks: tuple[str, ...] = (FCFS, "niyama+deadline_slack", "niyama_chunked+deadline_slack", TIERSERVE)
+    diurnal_stacks: tuple[str, ...] = (FCFS, "niyama+deadline_slack", TIERSERVE)
     tbt_scales: tuple[float, ...] = (0.6, 1.0, 1.6)
-    sensitivity_stacks: tuple[str, ...] = (FCFS, "vllm_priority+round_robin", TIERSERVE)
+    sensitivity_stacks: tuple[str, ...] = (FCFS, TIERSERVE)
     sections: tuple[str, ...] = SECTIONS
     workers: int = 2
     quick: bool = False
