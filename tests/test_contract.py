@@ -195,3 +195,15 @@ def test_skip_ahead_is_exact_for_the_contract_stack(burst_run):
     a, b = burst_run.table, stepped.table
     for col in ("first_token_s", "finish_s", "dispatch_s", "replica", "outcome", "relegated_s", "tbt_max_s"):
         np.testing.assert_array_equal(a[col], b[col], err_msg=col)
+
+
+def test_the_default_run_prints_fcfs_priority_and_tierserve_side_by_side():
+    from typer.testing import CliRunner
+
+    from tierserve.cli import app
+    from tierserve.cli.simulate_cmds import MAIN_JOB_STACKS
+    result = CliRunner().invoke(app, ["simulate", "-n", "200", "--executor", "serial"])
+    assert result.exit_code == 0, result.output
+    assert MAIN_JOB_STACKS == ("vllm+round_robin", "vllm_priority+round_robin", "tierserve+tierserve")
+    for stack in MAIN_JOB_STACKS:
+        assert f"{stack} queue:" in result.output
