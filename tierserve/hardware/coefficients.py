@@ -8,6 +8,7 @@ defaults. Attention terms are rescaled from the reference fit by geometry and GP
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -27,6 +28,7 @@ from tierserve.hardware.fits import (
 from tierserve.hardware.fit_schema import validated_store
 from tierserve.hardware.specs import GPUSpec, ModelSpec, get_gpu, get_model
 
+_NUMBER_LIST = re.compile(r"\[([-+0-9.eE,\s]+)\]")
 DATA_DIR = Path(__file__).resolve().parent / "data"
 DEFAULT_COEFFICIENTS = DATA_DIR / "exec_coefficients.json"
 
@@ -105,7 +107,10 @@ class CoefficientStore:
         )
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n")
+        text = json.dumps(self.to_json(), indent=1, sort_keys=True)
+        # lists of numbers on one line each (correction knots run to hundreds of values)
+        text = _NUMBER_LIST.sub(lambda m: "[" + ", ".join(v.strip() for v in m.group(1).split(",")) + "]", text)
+        Path(path).write_text(text + "\n")
 
 
 @lru_cache(maxsize=8)

@@ -67,6 +67,8 @@ KV_WRITE_TRAFFIC = 2.0
 # A100 peak in prefill; decode streams KV at ~75% of HBM bandwidth).
 DEFAULT_EFF_ATTN_FLOP = 0.5
 DEFAULT_EFF_ATTN_BW = 0.75
+# A GEMM without a profile: the roofline at the default efficiencies, computed in whole waves of tiles.
+ROOFLINE_GEMM = GemmFit(waves=True)
 
 
 # ------------------------------------------------------------------------------------------------ builder
@@ -178,10 +180,11 @@ class _LayerCostBuilder:
             afit, note = store.attention_fit(model, gpu, tp)
             if afit is not None:
                 self.attn = rescale_attention(afit, model, gpu, tp)
-                ref = store.reference_attention()
-                if ref is not None and not afit.save_knots and ref.save_knots:
-                    # exact-geometry profile without KV-write timings: take those from the reference fit
-                    self.attn = _with_save(self.attn, rescale_attention(ref, model, gpu, tp))
+                if kv_write != "physical" and not afit.save_knots:
+                    # Vidur's profile for this geometry has no KV-write operator, so its predictor charges none
+                    self.attn = replace(self.attn, save_knots=(0.0, float(TABLE_TOKENS)), save_ms=(0.0, 0.0),
+                                        save_req=0.0, pooled_knots=(), pooled_ms=())
+                    self.notes.append("KV write: none (the attention profile has no attn_kv_cache_save)")
             self.notes.append(f"attention: {note}")
             if tp > 1:
                 self.ar, note = store.allreduce_fit(gpu, tp)
@@ -204,7 +207,7 @@ class _LayerCostBuilder:
         out = np.zeros_like(tokens, dtype=float)
         for op in GEMM_OPS:
             fit = self.layer.gemm.get(op) if self.layer else None
-            out += (fit or GemmFit()).ms(self.m, self.g, self.tp, op, tokens)
+            out += (fit or ROOFLINE_GEMM).ms(self.m, self.g, self.tp, op, tokens)
         for op in ELEMENTWISE_OPS:
             fit = self.layer.elementwise.get(op) if self.layer else None
             out += (fit or default_elementwise(self.m, self.g, self.tp, op)).ms(tokens)
@@ -220,12 +223,6 @@ class _LayerCostBuilder:
         fixed = by[0] / (self.g.hbm_bytes_per_s * self.lm_eff_bw) * 1e3 + DEFAULT_LAUNCH_MS
         per_tok = fl[1] / (self.g.peak_flops * self.lm_eff_flop) * 1e3
         return fixed, per_tok
-
-
-def _with_save(a: AttentionTerms, ref: AttentionTerms) -> AttentionTerms:
-    """`a` with the reference's KV-write terms (a's own d0 holds no decode-write part: save_d0 stays a's)."""
-    return replace(a, save_knots=ref.save_knots, save_ms=ref.save_ms, save_req=ref.save_req,
-                   pooled_knots=ref.pooled_knots, pooled_ms=ref.pooled_ms)
 
 
 def _assemble(name: str, b: _LayerCostBuilder, include_lm_head: bool, overhead_s: float,
@@ -320,7 +317,7 @@ def model_from_physical_parameters(name: str, model: str, gpu: str, tp: int, *, 
         b.ar, note = store.allreduce_fit(g, tp)
         b.notes.append(f"all-reduce: {note}")
     b.lm_eff_flop, b.lm_eff_bw = eff_gemm_flop, eff_hbm
-    b.layer = LayerFit({op: GemmFit(eff_gemm_flop, eff_hbm, DEFAULT_LAUNCH_MS) for op in GEMM_OPS},
+    b.layer = LayerFit({op: GemmFit(eff_gemm_flop, eff_hbm, DEFAULT_LAUNCH_MS, waves=True) for op in GEMM_OPS},
                        {op: default_elementwise(m, g, tp, op, eff_bw=eff_hbm) for op in ELEMENTWISE_OPS})
     kvb = kv_bytes_per_token_layer(m, tp)
     q_bytes = 2 * (m.num_q_heads // tp) * m.head_dim * m.dtype_bytes

@@ -121,8 +121,8 @@ class GemmFitEntry(_Schema):
     eff_flop: Efficiency
     eff_bw: Efficiency
     overhead_ms: Ms
-    corr_log2t: list[Log2] = Field(default_factory=list, max_length=128)
-    corr_factor: list[Ratio] = Field(default_factory=list, max_length=128)
+    corr_log2t: list[Log2] = Field(default_factory=list, max_length=512)
+    corr_factor: list[Ratio] = Field(default_factory=list, max_length=512)
     tile_tokens: Annotated[Int, Field(ge=1, le=1 << 20)] = 1
     waves: bool = Field(False, strict=True, description="compute in whole waves of output tiles (roofline.py)")
 

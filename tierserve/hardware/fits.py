@@ -96,12 +96,13 @@ class AllReduceFit:
 def gemm_to_json(f: GemmFit) -> dict[str, Any]:
     return {"eff_flop": round(f.eff_flop, 5), "eff_bw": round(f.eff_bw, 5), "overhead_ms": f.overhead_ms,
             "corr_log2t": list(f.corr_log2t), "corr_factor": [round(c, 5) for c in f.corr_factor],
-            "tile_tokens": f.tile_tokens}
+            "tile_tokens": f.tile_tokens, **({"waves": True} if f.waves else {})}
 
 
 def gemm_from_json(d: dict[str, Any]) -> GemmFit:
     return GemmFit(float(d["eff_flop"]), float(d["eff_bw"]), float(d["overhead_ms"]),
-                   tuple(d.get("corr_log2t", ())), tuple(d.get("corr_factor", ())), int(d.get("tile_tokens", 1)))
+                   tuple(d.get("corr_log2t", ())), tuple(d.get("corr_factor", ())), int(d.get("tile_tokens", 1)),
+                   bool(d.get("waves", False)))
 
 
 def layerfit_to_json(lf: LayerFit) -> dict[str, Any]:

@@ -49,18 +49,35 @@ def fit_gemm(model: ModelSpec, gpu: GPUSpec, tp: int, op: str, tokens: np.ndarra
     fit = GemmFit(best[1], best[2], best[3], tile_tokens=best[4])
     if not correct:
         return fit
+    # The correction passes through the median measured/roofline ratio at every profiled token count (tile and
+    # wave steps sit between powers of two: 128 tokens is one tile, 136 two), thinned to the knots that keep
+    # every count within CORRECTION_TOLERANCE.
     ratio = ms / fit.raw_ms(model, gpu, tp, op, tokens)
     lt = np.log2(np.maximum(tokens, 1.0))
-    knots = np.arange(0.0, math.ceil(lt.max()) + 1.0)
-    factors = np.full(len(knots), np.nan)
-    for i, k in enumerate(knots):
-        near = np.abs(lt - k) <= 0.5
-        if near.any():
-            factors[i] = float(np.median(ratio[near]))
-    have = np.isfinite(factors)   # knots without rows take their neighbours' interpolated factor
-    factors = np.interp(knots, knots[have], factors[have])
-    return GemmFit(fit.eff_flop, fit.eff_bw, fit.overhead_ms, tuple(knots.tolist()), tuple(factors.tolist()),
-                   fit.tile_tokens)
+    knots, inv = np.unique(lt, return_inverse=True)
+    factors = np.array([float(np.median(ratio[inv == i])) for i in range(len(knots))])
+    keep = _thin_knots(knots, factors, CORRECTION_TOLERANCE)
+    return GemmFit(fit.eff_flop, fit.eff_bw, fit.overhead_ms, tuple(knots[keep].tolist()),
+                   tuple(factors[keep].tolist()), fit.tile_tokens)
+
+
+CORRECTION_TOLERANCE = 0.015
+
+
+def _thin_knots(x: np.ndarray, y: np.ndarray, tol: float) -> list[int]:
+    """Indices of knots whose piecewise-linear interpolation stays within `tol` (relative) of every y."""
+    keep, i = [0], 0
+    while i < len(x) - 1:
+        j = i + 1
+        while j + 1 < len(x):
+            mid = slice(i + 1, j + 1)
+            line = y[i] + (y[j + 1] - y[i]) * (x[mid] - x[i]) / (x[j + 1] - x[i])
+            if not np.all(np.abs(line / y[mid] - 1.0) <= tol):
+                break
+            j += 1
+        keep.append(j)
+        i = j
+    return keep
 
 
 def fit_linear(x: np.ndarray, ms: np.ndarray) -> LinearFit:
@@ -73,7 +90,9 @@ def fit_linear(x: np.ndarray, ms: np.ndarray) -> LinearFit:
 
 def fit_mlp_profile(path: str | Path, model: ModelSpec | str | None = None,
                     gpu: GPUSpec | str | None = None) -> tuple[dict[int, LayerFit], list[FitReport]]:
-    """Fit every GEMM and elementwise op of a Vidur `mlp.csv`, per TP degree, with held-out errors."""
+    """Fit every GEMM and elementwise op of a Vidur `mlp.csv`, per TP degree, with held-out errors (of a fit to
+    80% of the rows; the fits returned use every row, so they pass within CORRECTION_TOLERANCE of each profiled
+    token count)."""
     p = Path(path)
     ops = GEMM_OPS + ELEMENTWISE_OPS
     rows = read_rows(p, ["num_tokens", "num_tensor_parallel_workers", "n_embd"]
@@ -99,14 +118,13 @@ def fit_mlp_profile(path: str | Path, model: ModelSpec | str | None = None,
             tr, te = ok & ~test, ok & test
             if tr.sum() < 3:
                 raise ProfileError(p, f"time_stats.{op}.median", f"fewer than 3 usable rows for tp={tp}")
+            # held-out error of a fit to the other 80%; the fit kept is then refitted on every row
             if op in GEMM_OPS:
-                fit = fit_gemm(m, g, tp, op, tokens[tr], ms[tr])
-                lf.gemm[op] = fit
-                pred = fit.ms(m, g, tp, op, tokens)
+                pred = fit_gemm(m, g, tp, op, tokens[tr], ms[tr]).ms(m, g, tp, op, tokens)
+                lf.gemm[op] = fit_gemm(m, g, tp, op, tokens[ok], ms[ok])
             else:
-                lfit = fit_linear(tokens[tr], ms[tr])
-                lf.elementwise[op] = lfit
-                pred = lfit.ms(tokens)
+                pred = fit_linear(tokens[tr], ms[tr]).ms(tokens)
+                lf.elementwise[op] = fit_linear(tokens[ok], ms[ok])
             reports.append(FitReport(str(p), op, key, int(tr.sum()), int(te.sum()),
                                      mape(pred[te], ms[te]), mape(pred[tr], ms[tr])))
         fits[tp] = lf
