@@ -22,7 +22,9 @@ def register(reproduce_app: typer.Typer) -> None:
                                                                        "qos_diurnal, ablation, sensitivity."),
                  workers: int = typer.Option(2, "--workers", min=1, help="Process-pool size."),
                  doc: Optional[Path] = typer.Option(None, "--doc", help="Also write the report here (the "
-                                                                        "repository's docs/results/contract.md).")
+                                                                        "repository's docs/results/contract.md)."),
+                 resume: bool = typer.Option(False, "--resume", help="Keep the sections an earlier run of the same "
+                                                                     "study saved under --out; run the rest.")
                  ) -> None:
         """The default scenario (burst), capacity on the default mix, steady loads ρ = 0.5…1.1, seed 000's tier
         distributions, seed 001's reasoning mix, seed 003's QoS classes under a diurnal load, ablations and
@@ -44,7 +46,8 @@ def register(reproduce_app: typer.Typer) -> None:
         console = Console(width=200)
         t0 = time.perf_counter()
         result = run_study(study, out, executor=executor or ("serial" if quick else "process"),
-                           log=lambda msg: console.print(msg, markup=False, highlight=False), doc=doc)
+                           log=lambda msg: console.print(msg, markup=False, highlight=False), doc=doc,
+                           resume=resume)
         console.print(result["markdown"], markup=False, highlight=False)
         console.print(f"wrote {shown(out)}/contract_report.md and contract_results.json"
                       + (f", {shown(doc)}" if doc else "") + f" in {time.perf_counter() - t0:.1f} s")

@@ -57,7 +57,7 @@ SECTIONS = ("default", "capacity", "steady", "ktier", "reasoning", "qos_diurnal"
 class Study:
     seeds: tuple[int, ...] = (0, 1, 2)
     num_requests: int = 3000                     # default-scenario runs (the burst needs the full 3,000)
-    variant_requests: int = 3000                 # ablation and sensitivity runs (the default scenario too)
+    variant_requests: int = 2000                 # ablation and sensitivity runs: the burst and 40 s after it
     stacks: tuple[str, ...] = STACKS
     capacity_stacks: tuple[str, ...] = (FCFS, "vllm_priority+round_robin", "llumlet+llumnix_k_adaptive",
                                         "niyama+deadline_slack", TIERSERVE)
@@ -194,53 +194,26 @@ def _call(fn: Callable, kw: dict[str, Any]) -> Any:
     return fn(**kw)
 
 
-def run_study(study: Study, out: Path, executor: str = "process", log: Callable[[str], None] = print,
-              doc: Path | None = None) -> dict[str, Any]:
-    from tierserve.experiments.sweep import run_many
-    t0 = time.perf_counter()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    res: dict[str, Any] = {"study": asdict(study), "capacity": {}, "rows": {s: [] for s in SECTIONS}}
-    sd = asdict(study)
+# The order sections run in: the default scenario and its ablation first, the wide sweeps last.
+RUN_ORDER = ("default", "ablation", "capacity", "steady", "sensitivity", "ktier", "qos_diurnal", "reasoning")
 
-    # Capacities first: they set the loads of the steady and K-tier sections.
-    fcfs_cap = DEFAULT_BASELINE_CAPACITY_RPS
-    fcfs_source = f"the default scenario's committed FCFS capacity ({DEFAULT_BASELINE_CAPACITY_RPS} req/s)"
-    reasoning_cap = math.nan
-    cap_jobs = []
-    if "capacity" in study.sections:
-        cap_jobs += [{"kind": "default", "stack": s, "study": sd} for s in study.capacity_stacks]
-    if "reasoning" in study.sections:
-        cap_jobs.append({"kind": "reasoning", "stack": FCFS, "study": sd})
-    if cap_jobs:
-        log(f"capacity searches: {len(cap_jobs)}")
-        for c in run_many(capacity_job, cap_jobs, executor=executor, workers=study.workers, progress=False):
-            res["capacity"][f"{c['kind']}:{c['stack_name']}"] = c
-        fc = res["capacity"].get(f"default:{FCFS}")
-        if fc is not None and math.isfinite(fc["rate"]) and not study.quick:
-            fcfs_cap = fc["rate"]
-            fcfs_source = f"FCFS capacity measured here ({fcfs_cap:.3g} req/s)"
-        rc = res["capacity"].get(f"reasoning:{FCFS}")
-        if rc is not None and rc["stable_rate"] is not None:
-            reasoning_cap = rc["stable_rate"]
-    res["fcfs_capacity_rps"] = fcfs_cap
-    res["fcfs_capacity_source"] = fcfs_source
-    res["reasoning_capacity_rps"] = reasoning_cap
 
+def section_jobs(section: str, study: Study, fcfs_cap: float, reasoning_cap: float) -> list[dict[str, Any]]:
+    """The runs of one section (each a job over the seeds)."""
     jobs: list[dict[str, Any]] = []
-    if "default" in study.sections:
+    if section == "default":
         base = default_scenario(study.num_requests)
         for stack in study.stacks:
             jobs += _jobs_over_seeds(study, {"section": "default", "stack": stack}, scenario_run,
                                      cfg=stack_config(base, stack).model_dump(mode="json"), rate=None, whole_run=True)
-    if "steady" in study.sections:
+    elif section == "steady":
         base = with_requests_of(baseline_scenario(), study.steady_requests)
         for stack in study.steady_stacks:
             for r in study.rhos:
                 jobs += _jobs_over_seeds(study, {"section": "steady", "stack": stack, "rho": r}, scenario_run,
                                          cfg=stack_config(base, stack).model_dump(mode="json"), rate=r * fcfs_cap,
                                          whole_run=False)
-    if "ktier" in study.sections:
+    elif section == "ktier":
         for mix in study.ktier_mixes:
             for k in study.ktier_ks:
                 data = with_requests_of(baseline_scenario(), study.steady_requests).model_dump(mode="json")
@@ -251,12 +224,12 @@ def run_study(study: Study, out: Path, executor: str = "process", log: Callable[
                     jobs += _jobs_over_seeds(study, {"section": "ktier", "stack": stack, "mix": mix, "K": k},
                                              scenario_run, cfg=stack_config(base, stack, None, params).model_dump(
                                                  mode="json"), rate=study.ktier_rho * fcfs_cap, whole_run=False)
-    if "reasoning" in study.sections and math.isfinite(reasoning_cap):
+    elif section == "reasoning" and math.isfinite(reasoning_cap):
         for stack in study.reasoning_stacks:
             jobs += _jobs_over_seeds(study, {"section": "reasoning", "stack": stack, "rho": study.reasoning_rho},
                                      reasoning_run, stack=stack, num_requests=study.reasoning_requests,
                                      rate=study.reasoning_rho * reasoning_cap)
-    if "qos_diurnal" in study.sections:
+    elif section == "qos_diurnal":
         data = with_requests_of(baseline_scenario(), study.diurnal_requests).model_dump(mode="json")
         data["workload"]["tiers"] = {"num_tiers": 3, "preset": "niyama"}
         data["workload"]["arrivals"] = {"kind": "diurnal", "mean_rate": study.diurnal_rho * fcfs_cap,
@@ -266,37 +239,86 @@ def run_study(study: Study, out: Path, executor: str = "process", log: Callable[
             jobs += _jobs_over_seeds(study, {"section": "qos_diurnal", "stack": stack, "rho": study.diurnal_rho},
                                      scenario_run, cfg=stack_config(base, stack).model_dump(mode="json"), rate=None,
                                      whole_run=True)
-    if "ablation" in study.sections:
+    elif section == "ablation":
         base = default_scenario(study.variant_requests)
         for name, lp, cp in ABLATIONS:
             jobs += _jobs_over_seeds(study, {"section": "ablation", "stack": TIERSERVE, "variant": name},
                                      scenario_run, cfg=stack_config(base, TIERSERVE, lp, cp).model_dump(mode="json"),
                                      rate=None, whole_run=True)
-    if "sensitivity" in study.sections:
-        for scale in study.tbt_scales:
-            base = default_scenario(study.variant_requests, tbt_scale=scale)
+    elif section == "sensitivity":
+        variants = [(f"TBT targets x{scale:g}", default_scenario(study.variant_requests, tbt_scale=scale))
+                    for scale in study.tbt_scales]
+        variants.append(("exec model vidur_parity", default_scenario(study.variant_requests,
+                                                                     exec_mode="vidur_parity")))
+        for name, base in variants:
             for stack in study.sensitivity_stacks:
-                jobs += _jobs_over_seeds(study, {"section": "sensitivity", "stack": stack, "variant":
-                                                 f"TBT targets x{scale:g}"}, scenario_run,
-                                         cfg=stack_config(base, stack).model_dump(mode="json"), rate=None,
-                                         whole_run=True)
-        base = default_scenario(study.variant_requests, exec_mode="vidur_parity")
-        for stack in study.sensitivity_stacks:
-            jobs += _jobs_over_seeds(study, {"section": "sensitivity", "stack": stack, "variant":
-                                             "exec model vidur_parity"}, scenario_run,
-                                     cfg=stack_config(base, stack).model_dump(mode="json"), rate=None, whole_run=True)
-    log(f"runs: {len(jobs)} on {study.workers} worker(s)")
-    outs = run_many(_call, [{"fn": j["fn"], "kw": j["kw"]} for j in jobs], executor=executor,
-                    workers=study.workers, progress=False)
-    groups: dict[str, dict[str, Any]] = {}
-    for j, o in zip(jobs, outs):
-        key = json.dumps(j["label"], sort_keys=True)
-        groups.setdefault(key, {"label": j["label"], "runs": []})["runs"].append(o)
-    for g in groups.values():
-        res["rows"][g["label"]["section"]].append({**g["label"], **summarise_runs(g["runs"])})
-    res["wall_s"] = time.perf_counter() - t0
+                jobs += _jobs_over_seeds(study, {"section": "sensitivity", "stack": stack, "variant": name},
+                                         scenario_run, cfg=stack_config(base, stack).model_dump(mode="json"),
+                                         rate=None, whole_run=True)
+    return jobs
+
+
+def run_study(study: Study, out: Path, executor: str = "process", log: Callable[[str], None] = print,
+              doc: Path | None = None, resume: bool = False) -> dict[str, Any]:
+    """Run the study's sections in RUN_ORDER, saving results and report after each (`resume`: keep the
+    sections an earlier run of the same study saved in `out` and run the rest)."""
+    from tierserve.experiments.sweep import run_many
+    t0 = time.perf_counter()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    saved = out / "contract_results.json"
+    res: dict[str, Any] = {"study": _finite(asdict(study)), "capacity": {}, "rows": {s: [] for s in SECTIONS},
+                           "done": [], "wall_s": 0.0}
+    if resume and saved.exists():
+        previous = json.loads(saved.read_text())
+        if previous.get("study") == res["study"]:
+            res = previous
+            log(f"resuming: sections done {res['done']}")
+    sd = asdict(study)
+    elapsed0 = res["wall_s"]
+
+    def fcfs_capacity() -> tuple[float, str]:
+        fc = res["capacity"].get(f"default:{FCFS}")
+        if fc is not None and fc["rate"] is not None and math.isfinite(fc["rate"]) and not study.quick:
+            return fc["rate"], f"FCFS capacity measured here ({fc['rate']:.3g} req/s)"
+        return (DEFAULT_BASELINE_CAPACITY_RPS,
+                f"the default scenario's committed FCFS capacity ({DEFAULT_BASELINE_CAPACITY_RPS} req/s)")
+
+    for section in RUN_ORDER:
+        if section not in study.sections or section in res["done"]:
+            continue
+        t_section = time.perf_counter()
+        cap_jobs = []
+        if section == "capacity":
+            cap_jobs = [{"kind": "default", "stack": s, "study": sd} for s in study.capacity_stacks]
+        if section == "reasoning":
+            cap_jobs = [{"kind": "reasoning", "stack": FCFS, "study": sd}]
+        if cap_jobs:
+            for c in run_many(capacity_job, cap_jobs, executor=executor, workers=study.workers, progress=False):
+                res["capacity"][f"{c['kind']}:{c['stack_name']}"] = c
+        fcfs_cap, fcfs_source = fcfs_capacity()
+        res["fcfs_capacity_rps"], res["fcfs_capacity_source"] = fcfs_cap, fcfs_source
+        rc = res["capacity"].get(f"reasoning:{FCFS}")
+        reasoning_cap = rc["stable_rate"] if rc is not None and rc["stable_rate"] is not None else math.nan
+        res["reasoning_capacity_rps"] = reasoning_cap
+        jobs = section_jobs(section, study, fcfs_cap, reasoning_cap)
+        outs = run_many(_call, [{"fn": j["fn"], "kw": j["kw"]} for j in jobs], executor=executor,
+                        workers=study.workers, progress=False) if jobs else []
+        groups: dict[str, dict[str, Any]] = {}
+        for j, o in zip(jobs, outs):
+            key = json.dumps(j["label"], sort_keys=True)
+            groups.setdefault(key, {"label": j["label"], "runs": []})["runs"].append(o)
+        res["rows"][section] = [{**g["label"], **summarise_runs(g["runs"])} for g in groups.values()]
+        res["done"].append(section)
+        res["wall_s"] = elapsed0 + time.perf_counter() - t0
+        log(f"{section}: {len(cap_jobs)} capacity search(es), {len(jobs)} runs, "
+            f"{time.perf_counter() - t_section:.0f} s")
+        res["markdown"] = report(res, study)
+        saved.write_text(json.dumps(_finite(res), indent=1, sort_keys=True) + "\n")
+        (out / "contract_report.md").write_text(res["markdown"])
+    res.setdefault("fcfs_capacity_source", fcfs_capacity()[1])
+    res.setdefault("reasoning_capacity_rps", math.nan)
     res["markdown"] = report(res, study)
-    (out / "contract_results.json").write_text(json.dumps(_finite(res), indent=1, sort_keys=True) + "\n")
     (out / "contract_report.md").write_text(res["markdown"])
     if doc is not None:
         Path(doc).write_text(res["markdown"])
