@@ -108,3 +108,53 @@ def simulate_queue(rho: float, n: int, seed: int, order: str = "fcfs", spec: Que
     while waiting:
         serve(free[0][0])
     return QueueRun(arrival, start, finish, size)
+
+
+SPECS = {"M/M/2": QueueSpec(), "M/G/4 batch 8": QueueSpec(servers=4, size_cv=2.0, lognormal=True, batch=8,
+                                                          batch_overhead_s=2.0)}
+
+
+@dataclass(frozen=True)
+class ErrorRates:
+    """Verdicts of `reps` seeds of one queue at one ρ: how many came out each way, and the lengths chosen."""
+
+    queue: str
+    order: str
+    rho: float
+    stable: int
+    unstable: int
+    undecided: int
+    lengths: tuple[int, ...]
+
+    @property
+    def reps(self) -> int:
+        return self.stable + self.unstable + self.undecided
+
+    @property
+    def false_stable(self) -> float:
+        """Share of seeds judged stable when the queue is overloaded (ρ > 1); 0 below capacity."""
+        return self.stable / self.reps if self.rho > 1 else 0.0
+
+    @property
+    def false_unstable(self) -> float:
+        """Share of seeds judged unstable when the queue is stable (ρ < 1); 0 above capacity."""
+        return self.unstable / self.reps if self.rho < 1 else 0.0
+
+
+def error_rates(queue: str, order: str, rho: float, reps: int, start: int, most: int,
+                first_seed: int = 0) -> ErrorRates:
+    """The sequential work verdict (`start` requests, doubled while undecided up to `most`) on `reps` seeds."""
+    from tierserve.metrics.stability import STABLE, UNSTABLE, sequential_verdict
+    spec = SPECS[queue]
+    counts = {STABLE: 0, UNSTABLE: 0}
+    undecided = 0
+    lengths = []
+    for seed in range(first_seed, first_seed + reps):
+        _, v = sequential_verdict(lambda n: simulate_queue(rho, n, seed, order, spec), start, most,
+                                  lambda r: r.verdict())
+        lengths.append(v.num_requests)
+        if v.verdict in counts:
+            counts[v.verdict] += 1
+        else:
+            undecided += 1
+    return ErrorRates(queue, order, rho, counts[STABLE], counts[UNSTABLE], undecided, tuple(lengths))
