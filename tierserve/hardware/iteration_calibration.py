@@ -3,6 +3,7 @@ model/GPU/TP) the physically parametrised fit, with held-out / leave-one-out err
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -153,8 +154,11 @@ def _solve_overhead_perseq_attn(resid: np.ndarray, b: np.ndarray, attn: np.ndarr
     active = [0, 1, 2]
     for _ in range(4):
         target = resid - (fixed_k * attn if fixed_k is not None else 0.0)
+        if not active:                  # every term dropped: no overhead, no per-decode cost
+            coef = {}
+            break
         a = np.stack([cols[i] for i in active], axis=1) * w[:, None]
-        sol = np.linalg.lstsq(a, target * w, rcond=None)[0] if active else np.zeros(0)
+        sol = np.linalg.lstsq(a, target * w, rcond=None)[0]
         coef = dict(zip(active, sol))
         if 2 in coef and coef[2] < 1.0:
             fixed_k, active = 1.0, [i for i in active if i != 2]
@@ -246,3 +250,25 @@ def fit_physical_iterations(p: Path, cols: dict[str, np.ndarray], pairs: np.ndar
                                 decode_cost_ms=[round(c * 1e3, 5) for c in cost], n_rows=int(use.sum()),
                                 source=str(p), points=points,
                                 step_time_ratios=step_time_ratio_table(y_all[use], fitted[use]))
+
+
+HELD_OUT_KEY = "held out (leave-shapes-out)"
+
+
+def leave_shapes_out(csv_path: str | Path, model: str, gpu: str, tp: int) -> list[dict[str, Any]]:
+    """Held-out error of the physical fit: for each shape of the log (its prefill tokens and decode count), the
+    whole fit is redone without every row of that shape and then predicts them. Rows the log excludes stay out.
+    One dict per held-out row: prefill_tokens, decode_count, measured_ms, predicted_ms, err_pct."""
+    p = Path(csv_path)
+    cols, pairs, exclude, _ = _read_iteration_log(p)
+    P, B = cols["prefill_tokens"].astype(int), cols["decode_count"].astype(int)
+    out = []
+    for shape in sorted({(int(P[i]), int(B[i])) for i in range(len(P)) if not exclude[i]}):
+        rows = [i for i in range(len(P)) if (int(P[i]), int(B[i])) == shape and not exclude[i]]
+        held = [HELD_OUT_KEY if i in rows else e for i, e in enumerate(exclude)]
+        fit = fit_physical_iterations(p, cols, pairs, held, model, gpu, tp)
+        for i in rows:
+            pt = fit.points[i]
+            out.append({"prefill_tokens": shape[0], "decode_count": shape[1], "measured_ms": pt["measured_ms"],
+                        "predicted_ms": pt["fitted_ms"], "err_pct": pt["err_pct"]})
+    return out
