@@ -47,6 +47,11 @@ Last per load, a SPEED REPLAY ([core], own-log fit): each simulated step × the 
 step time of its 1 s window (`speed_windows`, the replica's `speed_trace`) — an oracle that needs the real
 run, printed to tell the machine's slow spells from the simulator's errors.
 `--reanalyse` recomputes all of it from OUT/runs.json and the logs there.
+`--slo ttft_s:tbt_s,...` gives each tier targets, sent in `vllm_xargs` and given to the simulated requests (the
+`tierserve` policy sizes its budget by the tightest TBT target). A policy that asks the predictor
+(`uses_predictor`) is refused by the engine without a fit: `--engine-fit FILE`, or by default a `vllm_priority`
+server with the same limits serves a warm-up and a capacity burst first and those steps are fitted
+(OUT/engine_fit.json); the analysis still fits its own step model from the policy's calibration runs.
 Before any of it, the iteration-log rows are assigned to runs by matching the logged step times with the gaps
 between each run's token stamps (`assign_rows_by_step_ends`), not by the row count when a run ended: runs
 recorded before the driver's idle-flush fix carry the previous run's last steps and lack their own (rows moved
@@ -99,6 +104,27 @@ OUTPUT = (16, 96)
 QUANTILES = (50, 90, 99)
 FRONTEND_PROBES = 24        # idle-engine requests, one at a time (the frontend without load; reported)
 CAPACITY_BURST = 120
+TIER_SLOS: list[dict] = [{}, {}, {}]     # per tier, xargs targets (`--slo`); set once per invocation in `main`
+
+
+def parse_slos(text: str) -> list[dict]:
+    """`--slo`: one `ttft_s:tbt_s` per tier, comma-separated, `-` for a tier without targets."""
+    parts = [p.strip() for p in text.split(",")] if text else ["-"] * len(TIER_MIX)
+    if len(parts) != len(TIER_MIX):
+        raise SystemExit(f"--slo {text!r}: {len(TIER_MIX)} entries (one per tier), got {len(parts)}")
+    out = []
+    for p in parts:
+        if p == "-":
+            out.append({})
+            continue
+        try:
+            ttft, tbt = (float(x) for x in p.split(":"))
+        except ValueError:
+            raise SystemExit(f"--slo {text!r}: entry {p!r} is not ttft_s:tbt_s (seconds) or -") from None
+        if not (ttft > 0 and tbt > 0):
+            raise SystemExit(f"--slo {text!r}: entry {p!r}: targets must be > 0 s")
+        out.append({"ttft_s": ttft, "tbt_s": tbt})
+    return out
 
 
 def load_builder():
@@ -130,13 +156,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, port: int, out: Path, policy: str, executor: str = "uni") -> subprocess.Popen:
+def start_server(model: str, port: int, out: Path, policy: str, executor: str = "uni",
+                 exec_model_file: Path | None = None) -> subprocess.Popen:
     tmp = out / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp), VLLM_RPC_BASE_PATH=str(tmp),
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     extra = {"tierserve": {"policy": policy, "iteration_log": str(out / "iterations.csv"),
-                           "request_log": str(out / "requests.jsonl")}}
+                           "request_log": str(out / "requests.jsonl"),
+                           **({"exec_model_file": str(exec_model_file)} if exec_model_file else {})}}
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name", "tiny",
            "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--block-size", str(BLOCK_SIZE),
            "--num-gpu-blocks-override", str(NUM_BLOCKS), "--max-num-seqs", str(MAX_NUM_SEQS),
@@ -159,6 +187,14 @@ def start_server(model: str, port: int, out: Path, policy: str, executor: str = 
             time.sleep(1.0)
     proc.terminate()
     raise RuntimeError("vLLM server did not become healthy in 600 s")
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    server.terminate()
+    try:
+        server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.kill()
 
 
 def descendants(pid: int) -> list[int]:
@@ -216,7 +252,8 @@ async def _one(session, port: int, req: dict, t0: float, run: str) -> dict:
         await asyncio.sleep(delay)
     body = {"model": "tiny", "prompt": prompt_ids(req["i"], req["prompt_tokens"]), "max_tokens": req["output_tokens"],
             "ignore_eos": True, "temperature": 0.0, "stream": True, "return_token_ids": True,
-            "priority": req["tier"], "vllm_xargs": {"tier": req["tier"], "trace_i": req["i"], "run": run}}
+            "priority": req["tier"], "vllm_xargs": {"tier": req["tier"], "trace_i": req["i"], "run": run,
+                                                    **TIER_SLOS[req["tier"]]}}
     sent = time.time()
     times: list[tuple[float, int]] = []
     async with session.post(f"http://127.0.0.1:{port}/v1/completions", json=body,
@@ -743,8 +780,10 @@ def simulate_trace(trace: list[dict], fit_path: Path, policy: str, frontend: np.
     emits them; latencies are from the send. None: the engine alone. `variability`: each simulated step's
     time × a factor drawn (seeded by `seed`) from the fit file's measured/predicted ratio table. `speed`: the
     replica's `speed_trace` ((from_s, factor) pairs in the trace's time)."""
+    from tierserve.core import NO_SLO, SLO
     from tierserve.sim.config import ClusterConfig, ReplicaConfig
     from tierserve.sim.simulate import simulate
+    slos = [SLO(**t) if t else NO_SLO for t in TIER_SLOS]
     order = sorted(trace, key=lambda r: r["arrival_s"])
     if frontend is None:
         delays = np.zeros((len(order), 3))
@@ -756,7 +795,7 @@ def simulate_trace(trace: list[dict], fit_path: Path, policy: str, frontend: np.
         speed_trace=speed or []))
     at_engine = sorted(range(len(order)), key=lambda k: (order[k]["arrival_s"] + delays[k, 0], k))
     reqs = [Request(k, order[k]["arrival_s"] + delays[k, 0], order[k]["prompt_tokens"], order[k]["output_tokens"],
-                    order[k]["tier"]) for k in at_engine]
+                    order[k]["tier"], slos[order[k]["tier"]]) for k in at_engine]
     res = simulate(cfg, reqs, num_tiers=len(TIER_MIX), seed=seed)
     out = []
     for s in res.states:
@@ -918,6 +957,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--executor", default="uni", choices=["uni", "mp"],
                     help="vLLM executor: 'uni' runs the model in the engine-core process; 'mp' (vLLM-CPU's default) "
                          "in a worker process the engine core busy-waits on (two processes sharing one core)")
+    ap.add_argument("--slo", default="", help="per-tier targets carried in vllm_xargs and given to the simulated "
+                                               "requests: 'ttft_s:tbt_s' per tier, comma-separated, '-' for none "
+                                               "(default: none)")
+    ap.add_argument("--engine-fit", type=Path, default=None,
+                    help="for a policy that asks the predictor (uses_predictor): the engine's exec_model_file; "
+                         "default: fitted on a vllm_priority server first (warm-up + capacity burst)")
     ap.add_argument("--out", type=Path, default=Path("sim_to_real_out"))
     ap.add_argument("--seed", type=int, default=None, help="default 1; with --reanalyse, the recorded run's")
     ap.add_argument("--reanalyse", action="store_true", help="recompute the tables from OUT/runs.json and the "
@@ -946,8 +991,10 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--seed: {out}/runs.json does not record its seed (a run from before it did): give the seed "
                      f"it ran with, or the frontend and variability draws differ from its first analysis")
         args.seed = recorded if recorded is not None else args.seed
+        TIER_SLOS[:] = saved.get("slo", [{}] * len(TIER_MIX))
     else:
         args.seed = 1 if args.seed is None else args.seed
+        TIER_SLOS[:] = parse_slos(args.slo)
         saved = collect(args, out, builder)
         (out / "runs.json").write_text(json.dumps(saved))
     return analyse(args, out, saved)
@@ -1104,16 +1151,58 @@ def bracket_verdict(core: list[dict], queue: list[dict]) -> str:
             f"the same side at both: {' / '.join(map(str, missed))} (per run) — " + "; ".join(names))
 
 
+def uses_predictor(policy: str) -> bool:
+    from tierserve.policies.local import LOCAL_POLICIES
+    return bool(LOCAL_POLICIES.create(policy).uses_predictor)
+
+
+def fit_engine_first(model: str, out: Path, args) -> Path:
+    """A step-time fit for a policy that asks the predictor, from a vllm_priority server on the same engine
+    limits (warm-up, then one capacity burst): the engine's `exec_model_file`. The analysis fits its own step
+    model from the policy's calibration runs, as for any policy."""
+    sub = out / "engine_fit_run"
+    for stale in ("iterations.csv", "requests.jsonl"):
+        (sub / stale).unlink(missing_ok=True)
+    port = free_port()
+    cores = os.sched_getaffinity(0)             # pinning moves this process off the engine's core: undone below
+    server = start_server(model, port, sub, "vllm_priority", args.executor)
+    try:
+        if args.pin:
+            print("engine fit: " + pin_processes(server.pid), flush=True)
+        drive(port, make_trace(16, 0.0, 98), "warmup")
+        settle(sub, 0, 16)
+        drive(port, make_trace(CAPACITY_BURST, 0.0, args.seed + 200), "capacity")
+        settle(sub, 16, CAPACITY_BURST)
+        rows = iteration_rows(sub)
+    finally:
+        stop_server(server)
+        for task in Path(f"/proc/{os.getpid()}/task").glob("*"):
+            try:
+                os.sched_setaffinity(int(task.name), cores)
+            except OSError:
+                pass
+    path = write_fit(fit_mean_step_time(rows), out / "engine_fit.json", len(rows),
+                     "mean (OLS) fit of a vllm_priority server's warm-up and capacity burst", rows)
+    c = fit_of(path)
+    print(f"engine fit ({len(rows)} steps on vllm_priority): c0 {c[0] * 1e3:.3f} ms, {c[1] * 1e6:.2f} µs/prefill "
+          f"token, {c[2] * 1e6:.1f} µs/decode -> {path}", flush=True)
+    return path
+
+
 def collect(args, out: Path, builder) -> dict:
     """Serve every phase on one engine; everything the analysis reads, as one JSON-able dict."""
     for stale in ("iterations.csv", "requests.jsonl"):
         (out / stale).unlink(missing_ok=True)
     layers, hidden = builder.parse_shape(args.model_shape)
     model = str(builder.build(builder.default_dir(layers, hidden), layers=layers, hidden=hidden))
+    engine_fit = args.engine_fit
+    if engine_fit is None and uses_predictor(args.policy):
+        engine_fit = fit_engine_first(model, out, args)
     port = free_port()
     t_start = time.time()
-    server = start_server(model, port, out, args.policy, args.executor)
-    print(f"server up in {time.time() - t_start:.0f} s (policy {args.policy}, model {args.model_shape})", flush=True)
+    server = start_server(model, port, out, args.policy, args.executor, engine_fit)
+    print(f"server up in {time.time() - t_start:.0f} s (policy {args.policy}, model {args.model_shape}, "
+          f"exec_model_file {engine_fit})", flush=True)
     loads = {"light": args.light, "near capacity": args.heavy}
     runs: dict[str, dict] = {}
     logged = [0]
@@ -1148,13 +1237,10 @@ def collect(args, out: Path, builder) -> dict:
             print(f"{label}: calibration {len(crows_a) + len(crows_b)} steps; validation {args.requests} requests "
                   f"at {frac * cap:.2f} req/s in {wall:.1f} s", flush=True)
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_server(server)
     return {"capacity_rps": cap, "pinned": pinned, "probes": probes, "runs": runs, "model_shape": args.model_shape,
-            "policy": args.policy, "capacity_rows": capacity_rows, "seed": args.seed}
+            "policy": args.policy, "capacity_rows": capacity_rows, "seed": args.seed, "slo": TIER_SLOS,
+            "engine_fit": str(engine_fit) if engine_fit else None}
 
 
 def analyse(args, out: Path, saved: dict) -> int:
@@ -1176,6 +1262,7 @@ def analyse(args, out: Path, saved: dict) -> int:
     rel_path.write_text(json.dumps(asdict(rel), indent=1))
     lines = [f"engine: random Llama {args.model_shape} (layers x hidden) on vLLM-CPU 0.32, policy {args.policy}, "
              f"max_num_seqs {MAX_NUM_SEQS}, budget {TOKEN_BUDGET}, {NUM_BLOCKS - 1} KV blocks of {BLOCK_SIZE}; "
+             f"tier targets {TIER_SLOS}; engine exec_model_file {saved.get('engine_fit')}; "
              f"capacity {cap:.2f} req/s (burst of {CAPACITY_BURST}); {pinned}",
              f"step model: mean fit of {len(cal_rows)} calibration steps (capacity burst + calibration runs): c0 "
              f"{c[0] * 1e3:.3f} ms, {c[1] * 1e6:.2f} µs/prefill token, {c[2] * 1e6:.1f} µs/decode, "

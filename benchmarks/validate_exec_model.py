@@ -5,36 +5,55 @@ Like for like: Vidur's predicted_ms covers all layers and excludes the LM head, 
 and uses its profiled KV-cache write, so the model is built in the `vidur_parity` mode (no LM head, no
 overhead, Vidur's KV-write model: profile rows pooled by token count, looked up at the batch's total tokens).
 Also prints held-out fit errors.
+
+    python benchmarks/validate_exec_model.py [--table CSV]
+
+`--table` checks another Vidur predictor table of the same columns (model, device and tp are read from its
+rows, e.g. a Llama-2-70B TP2 table); every cell goes through tierserve's trace-cell parsers, so a count
+written `128.0` is an integer and `128.5` an error naming file, row and column.
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import sys
 
+from tierserve.core.errors import InputError
 from tierserve.core.paths import shared_data
 from tierserve.hardware.calibration import format_fit_summary
 from tierserve.hardware.coefficients import load_store
 from tierserve.hardware.exec_model import make_execution_model, prefill_attention_pairs
+from tierserve.workload.readers import parse_count, parse_number
 
 TARGET_MAPE_PCT = 5.0
 EXPLAIN_ABOVE_PCT = 15.0
 
 
-def compare() -> list[dict]:
+def compare(path=None) -> list[dict]:
     """One dict per Vidur row: shape, vidur_ms, ours_ms, err_pct, plus Vidur's breakdown columns."""
-    path = shared_data("vidur", "vidur_predictions_llama3_8b_a100.csv")
     if path is None:
-        raise FileNotFoundError("shared/data/vidur/vidur_predictions_llama3_8b_a100.csv not found")
-    model = make_execution_model("meta-llama/Meta-Llama-3-8B", "a100", 1, mode="vidur_parity")
+        path = shared_data("vidur", "vidur_predictions_llama3_8b_a100.csv")
+        if path is None:
+            raise FileNotFoundError("shared/data/vidur/vidur_predictions_llama3_8b_a100.csv not found")
+    src = str(path)
+    models: dict[tuple[str, str, int], object] = {}
     out = []
     with open(path, newline="") as f:
-        for r in csv.DictReader(f):
-            p, b = int(r["num_prefill_tokens"]), int(r["num_decode"])
-            ctx, kvb = int(r["decode_context"]), int(r["prefill_kv_before"])
-            ours = model.iteration_time(p, prefill_attention_pairs(p, kvb) if p else 0.0, b, b * ctx) * 1e3
-            vid = float(r["predicted_ms"])
+        for i, r in enumerate(csv.DictReader(f), start=1):
+            def count(name: str) -> int:
+                return parse_count(src, i, name, r[name])
+
+            def number(name: str) -> float:
+                return parse_number(src, i, name, r[name])
+            key = (r["model"], r["device"], count("tp"))
+            if key not in models:
+                models[key] = make_execution_model(*key, mode="vidur_parity")
+            p, b = count("num_prefill_tokens"), count("num_decode")
+            ctx, kvb = count("decode_context"), count("prefill_kv_before")
+            ours = models[key].iteration_time(p, prefill_attention_pairs(p, kvb) if p else 0.0, b, b * ctx) * 1e3
+            vid = number("predicted_ms")
             out.append({"shape": r["batch_description"], "vidur_ms": vid, "ours_ms": ours,
-                        "err_pct": (ours - vid) / vid * 100.0, "kv_save_ms": float(r["attn_kv_cache_save_ms"]),
+                        "err_pct": (ours - vid) / vid * 100.0, "kv_save_ms": number("attn_kv_cache_save_ms"),
                         "notes": r["notes"], "p": p, "b": b})
     return out
 
@@ -48,8 +67,15 @@ def explain(row: dict) -> str:
     return "Vidur row note: " + row["notes"]
 
 
-def main() -> int:
-    rows = compare()
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--table", default=None, help="a Vidur predictor table (default: the Llama-3-8B A100 one)")
+    args = ap.parse_args(argv)
+    try:
+        rows = compare(args.table)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"{'shape':46s} {'Vidur ms':>9s} {'tierserve ms':>12s} {'error %':>8s}")
     for r in rows:
         print(f"{r['shape']:46s} {r['vidur_ms']:9.2f} {r['ours_ms']:12.2f} {r['err_pct']:+8.2f}")

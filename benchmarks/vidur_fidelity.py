@@ -6,20 +6,30 @@ Poisson 4 req/s, splitwise_conv lengths; Vidur `vllm` (→ tierserve `vllm_v0`, 
 model runs in the `vidur_parity` mode (Vidur's KV-write model, no LM head, no CPU overhead), as Vidur does.
 
     python benchmarks/vidur_fidelity.py [--runs n1000,n10000] [--tolerance 0.10] [--tbt-tolerance 0.15]
+    python benchmarks/vidur_fidelity.py --vidur-run sarathi=DIR [--vidur-run vllm=DIR ...]
+
+`--vidur-run SCHEDULER=DIR` compares against any Vidur run folder of the same model/GPU/settings instead (a
+trace replay, an overload run): DIR holds its request_metrics.csv, request_arrival_time_series.csv and
+decode_token_execution_plus_preemption_time.csv. Every file is read through tierserve's trace-cell parsers:
+Vidur writes token counts as `44.0` in trace replays, which are integers; `44.5` is an error naming file,
+row and field.
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import sys
+from pathlib import Path
 
 import numpy as np
 
+from tierserve.core.errors import InputError
 from tierserve.core.paths import shared_data
 from tierserve.metrics import RequestTable
 from tierserve.experiments.scenario import token_tbt
 from tierserve.sim import ClusterConfig, simulate
 from tierserve.workload import read_vidur_run
+from tierserve.workload.readers import parse_count, parse_number
 
 POLICY = {"vllm": ("vllm_v0", 4096), "sarathi": ("sarathi", 512)}
 METRICS = [("TTFT p50", "ttft", 50), ("TTFT p90", "ttft", 90), ("E2E p50", "e2e", 50), ("E2E p90", "e2e", 90),
@@ -55,28 +65,35 @@ NOTES = [
 ]
 
 
+def _rows(path) -> list[tuple[int, dict[str, str]]]:
+    """(1-based data row, cells) of one of Vidur's CSV outputs."""
+    with open(path, newline="") as f:
+        return list(enumerate(csv.DictReader(f), start=1))
+
+
 def vidur_numbers(run_dir) -> dict[str, float]:
-    ttft, e2e = [], []
-    with open(run_dir / "request_metrics.csv") as f:
-        for row in csv.DictReader(f):
-            ttft.append(float(row["prefill_e2e_time"]))
-            e2e.append(float(row["request_e2e_time"]))
-    out = {"ttft": np.array(ttft), "e2e": np.array(e2e)}
-    with open(run_dir / "decode_token_execution_plus_preemption_time.csv") as f:
-        cdf = [(float(r["cdf"]), float(r["decode_token_execution_plus_preemption_time"])) for r in csv.DictReader(f)]
-    out["tbt_cdf"] = cdf
+    path = str(run_dir / "request_metrics.csv")
+    rows = _rows(path)
+    out = {"ttft": np.array([parse_number(path, i, "prefill_e2e_time", r["prefill_e2e_time"]) for i, r in rows]),
+           "e2e": np.array([parse_number(path, i, "request_e2e_time", r["request_e2e_time"]) for i, r in rows])}
+    path = str(run_dir / "decode_token_execution_plus_preemption_time.csv")
+    field = "decode_token_execution_plus_preemption_time"
+    out["tbt_cdf"] = [(parse_number(path, i, "cdf", r["cdf"]), parse_number(path, i, field, r[field]))
+                      for i, r in _rows(path)]
     return out
 
 
 def vidur_decode_iteration_ms(run_dir) -> np.ndarray:
     """Vidur's own per-request mean decode-iteration time: (execution − prefill execution) / (decodes − 1)."""
+    path = str(run_dir / "request_metrics.csv")
     per = []
-    with open(run_dir / "request_metrics.csv") as f:
-        for row in csv.DictReader(f):
-            n = int(row["request_num_decode_tokens"])
-            if n > 20:
-                ex = float(row["request_execution_time"]) - float(row["prefill_time_execution_plus_preemption"])
-                per.append(1000 * ex / (n - 1))
+    for i, row in _rows(path):
+        n = parse_count(path, i, "request_num_decode_tokens", row["request_num_decode_tokens"])
+        if n > 20:
+            ex = (parse_number(path, i, "request_execution_time", row["request_execution_time"])
+                  - parse_number(path, i, "prefill_time_execution_plus_preemption",
+                                 row["prefill_time_execution_plus_preemption"]))
+            per.append(1000 * ex / (n - 1))
     return np.array(per)
 
 
@@ -89,10 +106,14 @@ def cdf_quantile(cdf: list[tuple[float, float]], q: float) -> float:
     return float(np.interp(q / 100.0, ps, vs))
 
 
-def run(scheduler: str, n: str, tolerance: float, tbt_tolerance: float) -> list[tuple[str, float, float, float, bool]]:
+def reference_run(scheduler: str, n: str):
     run_dir = shared_data("vidur", "reference_runs", f"l3_{scheduler}_poisson_qps4_{n}")
     if run_dir is None:
         raise SystemExit("../shared/data/vidur/reference_runs is absent: nothing to compare against")
+    return run_dir
+
+
+def run(scheduler: str, run_dir, tolerance: float, tbt_tolerance: float) -> list[tuple[str, float, float, float, bool]]:
     requests = read_vidur_run(run_dir)
     local, budget = POLICY[scheduler]
     cfg = ClusterConfig(num_replicas=1, local_policy=local, cluster_policy="round_robin",
@@ -125,21 +146,43 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", default="n1000,n10000")
     ap.add_argument("--tolerance", type=float, default=0.10, help="TTFT and E2E percentiles")
     ap.add_argument("--tbt-tolerance", type=float, default=0.15, help="TBT P50")
+    ap.add_argument("--vidur-run", action="append", default=[], metavar="SCHEDULER=DIR",
+                    help=f"a Vidur run folder to compare against instead of the reference runs ({' | '.join(POLICY)})")
     args = ap.parse_args(argv)
+    if args.vidur_run:
+        todo = []
+        for spec in args.vidur_run:
+            scheduler, _, folder = spec.partition("=")
+            if scheduler not in POLICY or not folder:
+                ap.error(f"--vidur-run {spec!r}: expected SCHEDULER=DIR with SCHEDULER one of {', '.join(POLICY)}")
+            todo.append((scheduler, Path(folder), folder))
+    else:
+        todo = [(scheduler, reference_run(scheduler, n), f"{n} requests")
+                for scheduler in POLICY for n in args.runs.split(",")]
     failed = 0
-    for scheduler in ("vllm", "sarathi"):
-        for n in args.runs.split(","):
-            print(f"\nVidur {scheduler} vs tierserve {POLICY[scheduler][0]} — {n} requests")
-            print(f"{'metric':<10} {'Vidur s':>10} {'tierserve s':>12} {'error':>8}  within ±{args.tolerance:.0%} "
-                  f"(TBT ±{args.tbt_tolerance:.0%})")
-            for label, v, t, err, ok in run(scheduler, n, args.tolerance, args.tbt_tolerance):
-                failed += not ok
-                print(f"{label:<10} {v:>10.4f} {t:>12.4f} {err:>+8.1%}  {'yes' if ok else 'NO'}")
+    try:
+        for scheduler, run_dir, label in todo:
+            failed += compare(scheduler, run_dir, label, args.tolerance, args.tbt_tolerance)
+    except InputError as e:          # a malformed Vidur file: its name, row and field, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print("\nWhere they differ, known reasons:")
     for note in NOTES:
         print(" - " + note)
     print(f"\n{failed} metric(s) outside tolerance")
     return 1 if failed else 0
+
+
+def compare(scheduler: str, run_dir, label: str, tolerance: float, tbt_tolerance: float) -> int:
+    """Print one run's side-by-side table; the number of metrics outside tolerance."""
+    failed = 0
+    print(f"\nVidur {scheduler} vs tierserve {POLICY[scheduler][0]} — {label}")
+    print(f"{'metric':<10} {'Vidur s':>10} {'tierserve s':>12} {'error':>8}  within ±{tolerance:.0%} "
+          f"(TBT ±{tbt_tolerance:.0%})")
+    for metric, v, t, err, ok in run(scheduler, run_dir, tolerance, tbt_tolerance):
+        failed += not ok
+        print(f"{metric:<10} {v:>10.4f} {t:>12.4f} {err:>+8.1%}  {'yes' if ok else 'NO'}")
+    return failed
 
 
 if __name__ == "__main__":

@@ -40,6 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", default="vllm_priority")
     ap.add_argument("--with-full-path", action="store_true", help="also time tierserve's full waiting path")
     ap.add_argument("--compare-tree", type=Path, help="also time tierserve from this checkout (its repository root)")
+    ap.add_argument("--also-policy", action="append", default=[], metavar="NAME",
+                    help="also time tierserve with this policy (repeatable), in the same interleaved runs")
+    ap.add_argument("--exec-model-file", help="fit for policies that ask the predictor (run.py --exec-model-file)")
+    ap.add_argument("--tier0-slo", default="", metavar="TTFT_S:TBT_S",
+                    help="targets for tier-0 requests in vllm_xargs (the other tiers: TTLT 60 s); default none")
     args = ap.parse_args(argv)
     if args.requests < 8 or args.repeats < 1:
         ap.error(f"--requests {args.requests} / --repeats {args.repeats}: at least 8 requests and 1 repeat")
@@ -52,6 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     model = str(ns["build"](ns["default_dir"]()))
     specs = [{"prompt_tokens": 32 + (i * 37) % 200, "output_tokens": 8 + (i * 13) % 40, "tier": (2 - i) % 3}
              for i in range(args.requests)]
+    if args.tier0_slo:
+        ttft, tbt = (float(x) for x in args.tier0_slo.split(":"))
+        for sp in specs:
+            sp["xargs"] = ({"tier": 0, "ttft_s": ttft, "tbt_s": tbt} if sp["tier"] == 0
+                           else {"tier": sp["tier"], "ttlt_s": 60.0})
     ours = ["--policy", args.policy, "--logs", "iterations"]
     variants = {"stock vLLM (priority)": (ROOT, ["--stock", "--stock-policy", "priority"]),
                 f"tierserve {args.policy}": (ROOT, ours)}
@@ -59,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         variants[f"tierserve {args.policy} (full)"] = (ROOT, [*ours, "--waiting-order", "full"])
     if args.compare_tree is not None:
         variants[f"tierserve {args.policy} (compared tree)"] = (args.compare_tree.resolve(), ours)
+    fit = ["--exec-model-file", str(Path(args.exec_model_file).resolve())] if args.exec_model_file else []
+    for name in args.also_policy:
+        variants[f"tierserve {name}"] = (ROOT, ["--policy", name, "--logs", "iterations", *fit])
     samples: dict[str, dict[str, list[float]]] = {k: {"cpu": [], "wall": []} for k in variants}
     steps: dict[str, int] = {k: 0 for k in variants}
     run_p50: dict[str, list[float]] = {k: [] for k in variants}     # CPU P50 of each run, in repeat order

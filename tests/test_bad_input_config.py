@@ -219,7 +219,8 @@ def test_summary_json_of_a_run_says_complete(tmp_path):
     write_result(res, tmp_path)
     assert json.loads((tmp_path / "summary.json").read_text())["complete"] is True
     assert len(load_outputs(tmp_path).table) == 30
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["requests.csv", "summary.json", "summary_by_tier.csv"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json", "requests.csv", "summary.json",
+                                                          "summary_by_tier.csv"]
 
 
 def test_outputs_without_the_complete_marker_are_not_loaded(tmp_path):

@@ -126,12 +126,14 @@ def test_verdict_is_unstable_at_rho_1_2_and_stable_at_rho_0_6(cap1):
     assert all(r.stable for r in low), [r.verdict_line() for r in low]
     # over seeds, by the capacity's own majority rule: a seed's lengths can leave its own knee above 1.2×
     assert seeds_verdict(low) == STABLE and seeds_verdict(high) == UNSTABLE, [r.verdict_line() for r in high]
-    assert all(r.stability[ALL].slope < 0.01 for r in low)
+    assert all(r.work.growth_high < r.work.tolerance for r in low)
+    assert all(r.work.growth > 0.05 for r in high if r.verdict_line() == UNSTABLE)   # overload: work piles up
 
 
 def test_capacity_search_is_reproducible(cap1):
     again = scenario_capacity(scenario(1), lo=1.0, hi=16.0, seeds=SEEDS, rel_tol=0.05)
     assert again.to_dict() == cap1.to_dict()
+    assert cap1.lengths[0] == 1000 and "runs of 1000–" in str(cap1)      # the run lengths are stated
     assert [p.rate for p in again.stack.probes] == [p.rate for p in cap1.stack.probes]
 
 

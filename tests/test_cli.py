@@ -54,7 +54,7 @@ def test_default_scenario_shows_tiers_mattering():
     (["--gpu", "tpu-v9"], "cluster.replica.gpu"),
     (["-l", "fifo-magic"], "cluster.local_policy"),
     (["-g", "nearest"], "cluster.cluster_policy"),
-    (["--replicas", "0"], "cluster.num_replicas"),
+    (["--replicas", "0"], "--replicas"),          # bounded at the flag, before any work
 ])
 def test_bad_flag_gives_an_error_naming_the_field_not_a_traceback(args, field):
     proc = run_cli("simulate", *args)

@@ -152,3 +152,40 @@ def test_deadline_order_holds_under_the_async_scheduler_class(tmp_path, tiny_mod
     order = [deadline(rid) for rid in sorted(first, key=first.get)]
     assert order == sorted(order), order
     assert_each_finished_once(results, decisions, specs)
+
+
+def test_niyama_on_the_per_chunk_rule_runs_in_vllm_as_planned(tmp_path, tiny_model):
+    """Seed 003's policy in the engine (issue 24 item 2): `niyama_chunked`, its chunk total sized by the
+    predictor (a linear fit given as `exec_model_file`) and reaching vLLM as the step's token budget, each running
+    request capped at its planned share; vLLM runs the plan at every step, evictions included."""
+    specs = contention(24)
+    for i, sp in enumerate(specs):
+        sp["arrival_s"] = 0.02 * i
+        sp["xargs"] = {"tier": sp["tier"], **({"ttft_s": 1.0, "tbt_s": 0.05} if sp["tier"] == 0
+                                              else {"ttlt_s": 5.0 + 5.0 * sp["tier"]})}
+    fit = tmp_path / "fit.json"
+    fit.write_text(json.dumps({"c0_s": 0.004, "c_prefill_tok_s": 4e-5, "c_decode_tok_s": 2e-4, "c_pair_s": 0.0,
+                               "c_ctx_s": 0.0}))
+    results, decisions = run_engine(tmp_path, tiny_model, specs, "--policy", "niyama_chunked",
+                                    "--exec-model-file", str(fit), "--max-num-seqs", "4", "--num-blocks", "24",
+                                    "--max-model-len", "512")
+    stats = results["scheduler"]
+    steps = [d for d in decisions if "plan" in d]
+    assert stats["policy"] == "niyama_chunked" and len(steps) == stats["steps"] > 50
+    assert stats["disagreements"] == 0 and stats["engine_preemptions"] == 0 and all(d["agree"] for d in steps)
+    assert sum(len(d["preempt"]) for d in steps) > 0              # 23 usable blocks: the plan evicts
+    # dynamic chunking: steps whose total the predictor sized below the configured 256 while a prompt was cut
+    # short of its end (its chunk stopped at the sized total, not at the prompt)
+    computed: dict[str, int] = {}
+    cut = 0
+    for d in steps:
+        for rid in d["preempt"]:
+            computed[rid] = 0                                     # recompute: from the start again
+        for rid, n in d["plan"]:
+            prompt = specs[int(rid.split("-")[0][1:])]["prompt_tokens"]
+            before = computed.get(rid, 0)
+            computed[rid] = before + n
+            if before + n < prompt and d["budget"] < 256:
+                cut += 1
+    assert cut > 0, [d["budget"] for d in steps]
+    assert_each_finished_once(results, decisions, specs)

@@ -86,7 +86,10 @@ def _no_file_claims_completeness_falsely(out: Path) -> None:
         assert rows == 200001, f"{summary} says complete but requests.csv has {rows - 1} requests"
     for f in out.rglob("*"):
         if f.is_file():
-            assert f.name in ("requests.csv", "summary.json", "summary_by_tier.csv"), f"left behind: {f}"
+            assert f.name in ("requests.csv", "summary.json", "summary_by_tier.csv", "manifest.json"), \
+                f"left behind: {f}"
+    top = out / "manifest.json"          # the finished stacks are published; the run as a whole is not complete
+    assert not top.exists() or json.loads(top.read_text())["complete"] is False
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -194,7 +197,12 @@ def test_interrupted_write_leaves_no_file_under_the_final_name(tmp_path):
 
 
 def test_sigterm_to_a_single_simulate_stops_it_and_writes_nothing(tmp_path):
+    """... and removes nothing it did not write: unrelated `*.partial` files in --out survive."""
     out = tmp_path / "out"
+    (out / "sub").mkdir(parents=True)
+    theirs = {out / "notes.partial": "a", out / "sub" / "y.partial": "b", out / ".z.partial": "c"}
+    for p, text in theirs.items():
+        p.write_text(text)
     cmd = [sys.executable, "-c", "from tierserve.cli import main; main()", "simulate", "-n", "2000000",
            "--replicas", "1", "--rate", "50", "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -210,4 +218,5 @@ def test_sigterm_to_a_single_simulate_stops_it_and_writes_nothing(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert elapsed < 2.0 and proc.returncode == 143, err
     assert "interrupted" in err and "SIGTERM" in err and "Traceback" not in err
-    assert list(out.iterdir()) == []         # checked (and made) before the run; nothing written after
+    assert sorted(p for p in out.rglob("*") if p.is_file()) == sorted(theirs)    # nothing written, nothing lost
+    assert all(p.read_text() == text for p, text in theirs.items())

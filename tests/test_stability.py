@@ -13,7 +13,7 @@ import pytest
 from tierserve.core import Outcome
 from tierserve.metrics import COLUMNS, RequestTable, summarize
 from tierserve.metrics.stability import (
-    BACKLOG, STABLE, UNKNOWN, UNSTABLE, aggregate, backlog_verdict, mean_ci95, run_stability, stability_verdict,
+    BACKLOG, STABLE, UNKNOWN, UNSTABLE, WORK, aggregate, backlog_verdict, mean_ci95, run_stability, stability_verdict,
     steady_run, steady_state_mask, steady_state_summary, trend_test,
 )
 
@@ -210,7 +210,7 @@ def test_backlog_verdict_sees_a_deadline_scheduler_serving_relaxed_requests_afte
     v = backlog_verdict(table)
     assert v.verdict == UNSTABLE and v.measure == BACKLOG and v.ratio == pytest.approx(2 / 3, abs=0.02)
     run = steady_run(table, 1000.0, ["Q1", "Q2", "Q3"], seed=0)
-    assert run.stability[BACKLOG].verdict == UNSTABLE and not run.stable and run.verdict_line() == "unstable (backlog)"
+    assert run.stability[WORK].verdict == UNSTABLE and not run.stable and run.verdict_line() == UNSTABLE
     assert str(v).startswith("unstable: backlog")
 
 
@@ -235,3 +235,79 @@ def test_backlog_verdict_needs_enough_requests_and_leaves_rejected_out():
     t = table_of(table.arrival_s, table.ttft_s, outcome=oc)
     v = backlog_verdict(t)
     assert v.n == 800 and v.verdict == STABLE
+
+
+# ---- the work verdict -----------------------------------------------------------------------------------
+def test_unfinished_work_matches_a_request_by_request_count():
+    rng = np.random.default_rng(7)
+    n = 60
+    arrival = np.sort(rng.uniform(0, 50, n))
+    first = arrival + rng.exponential(2.0, n)
+    finish = first + rng.exponential(5.0, n)
+    first[5], finish[5] = np.nan, np.nan                  # never started
+    finish[9] = np.nan                                     # never finished: its decode never progresses
+    finish[11] = first[11]                                 # a one-token decode: done at its first token
+    prefill, decode = rng.integers(1, 500, n).astype(float), rng.integers(1, 300, n).astype(float)
+    at = np.linspace(0, 70, 57)
+    from tierserve.metrics.stability import unfinished_work
+    got = unfinished_work(at, arrival, first, finish, prefill, decode)
+    want = np.zeros(at.size)
+    for k, t in enumerate(at):
+        for i in range(n):
+            if arrival[i] > t:
+                continue
+            left = prefill[i] if not (first[i] <= t) else 0.0          # NaN compares False: still to do
+            if np.isnan(finish[i]) or not (first[i] <= t):
+                left += decode[i]
+            elif t < finish[i]:
+                left += decode[i] * (finish[i] - t) / (finish[i] - first[i])
+            want[k] += left
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-6)
+
+
+def test_mser_finds_a_planted_warm_up_and_not_a_fixed_fraction():
+    from tierserve.metrics.stability import mser_cut
+    rng = np.random.default_rng(3)
+    for ramp in (10, 40, 80):
+        series = np.concatenate([np.linspace(0, 100, ramp), 100 + rng.normal(0, 3, 200 - ramp)])
+        assert ramp - 5 <= mser_cut(series) <= ramp + 12, ramp
+    assert mser_cut(100 + rng.normal(0, 3, 200)) < 20            # no warm-up: (almost) nothing dropped
+
+
+def test_sequential_verdict_lengthens_only_while_undecided_and_stops_at_the_bound():
+    from tierserve.metrics.stability import UNDECIDED, WorkVerdict, sequential_verdict
+    asked: list[int] = []
+
+    def run_at(n: int) -> int:
+        asked.append(n)
+        return n
+
+    def verdict(n: int) -> WorkVerdict:
+        return WorkVerdict(STABLE if n >= 4000 else UNDECIDED, num_requests=n)
+    _, v = sequential_verdict(run_at, 1000, 16000, verdict)
+    assert asked == [1000, 2000, 4000] and v.verdict == STABLE and v.lengths == (1000, 2000, 4000)
+    asked.clear()
+    _, v = sequential_verdict(run_at, 1000, 3000, lambda n: WorkVerdict(UNDECIDED, num_requests=n))
+    assert asked == [1000, 2000, 3000] and v.verdict == UNDECIDED and not v.stable
+
+
+@pytest.mark.parametrize("queue", ["M/M/2", "M/G/4 batch 8"])
+def test_work_verdict_has_no_errors_far_from_capacity_under_every_order(queue):
+    """A small version of benchmarks/stability_verdict.py: analytic queues at ρ = 0.8 and 1.2 under FCFS,
+    priority, EDF and SRPF, five seeds each, sequential lengths 2,000 → 8,000."""
+    from tierserve.experiments.queues import ORDERS, error_rates
+    for order in ORDERS:
+        low, high = error_rates(queue, order, 0.8, 5, 2000, 8000), error_rates(queue, order, 1.2, 5, 2000, 8000)
+        assert low.stable == 5 and high.unstable == 5, (order, low, high)
+        assert max(low.lengths) <= 8000 and min(high.lengths) == 2000
+
+
+def test_work_verdict_reads_the_same_overload_under_edf_and_srpf():
+    """The backlog of *requests* depends on the order (SRPF leaves few, long ones); the work does not."""
+    from tierserve.experiments.queues import simulate_queue
+    runs = {order: simulate_queue(1.2, 4000, 0, order) for order in ("edf", "srpf")}
+    left = {o: int(((r.finish_s > r.arrival_s.max())).sum()) for o, r in runs.items()}
+    assert left["srpf"] < 0.5 * left["edf"]                    # far fewer requests waiting under SRPF ...
+    edf, srpf = (r.verdict() for r in runs.values())
+    assert edf.verdict == srpf.verdict == UNSTABLE             # ... but the same work piling up
+    assert edf.growth == pytest.approx(srpf.growth, abs=0.01)

@@ -98,6 +98,17 @@ def _print_physical_fit(console: Console, fit) -> None:
             console.print(f"excluded from the fit: prefill {p['prefill_tokens']} / {p['decode_count']} decodes "
                           f"({p['err_pct']:+.1f}%): {p['exclude']}")
     console.print(f"largest error over fitted rows: {fit.max_abs_err_pct():.2f}%")
+    _print_leave_shapes_out(console, fit)
+
+
+def _print_leave_shapes_out(console: Console, fit) -> None:
+    """Held-out error: each shape predicted by a fit redone without it (in-sample errors flatter the fit)."""
+    from tierserve.hardware.iteration_calibration import leave_shapes_out
+    rows = leave_shapes_out(fit.source, fit.model, fit.gpu, fit.tp)
+    errs = [abs(r["err_pct"]) for r in rows]
+    console.print(f"leave-shapes-out (held-out) error over {len(rows)} rows, each refitted without its shape: "
+                  f"MAPE {sum(errs) / len(errs):.2f}%, largest {max(errs):.2f}%; "
+                  + ", ".join(f"P{r['prefill_tokens']}/B{r['decode_count']} {r['err_pct']:+.1f}" for r in rows))
 
 
 def register(app: typer.Typer) -> None:

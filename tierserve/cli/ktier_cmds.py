@@ -7,6 +7,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from tierserve.core.files import shown
+
 reproduce_app = typer.Typer(no_args_is_help=True, help="One-command reproductions of the seeds' studies.")
 
 
@@ -33,7 +35,7 @@ def ktier(quick: bool = typer.Option(False, "--quick", help="Same regimes, small
     t0 = time.perf_counter()
     result = run_study(study, out, executor=executor)
     console.print(result["markdown"], markup=False, highlight=False)
-    console.print(f"wrote {out}/ktier_report.md, ktier_*.csv, ktier_meta.json and {len(result['plots'])} plots "
+    console.print(f"wrote {shown(out)}/ktier_report.md, ktier_*.csv, ktier_meta.json and {len(result['plots'])} plots "
                   f"in {time.perf_counter() - t0:.1f} s")
 
 

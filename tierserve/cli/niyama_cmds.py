@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from tierserve.core.files import shown
+
 
 def register(reproduce_app: typer.Typer) -> None:
     @reproduce_app.command("niyama")
@@ -46,5 +48,5 @@ def register(reproduce_app: typer.Typer) -> None:
         result = run_study(study, out, executor=executor, reuse=previous,
                            log=lambda msg: console.print(msg, markup=False, highlight=False))
         console.print(result["markdown"], markup=False, highlight=False)
-        console.print(f"wrote {out}/niyama_report.md, niyama_results.json and {len(result['plots'])} plot(s) "
+        console.print(f"wrote {shown(out)}/niyama_report.md, niyama_results.json and {len(result['plots'])} plot(s) "
                       f"in {time.perf_counter() - t0:.1f} s")

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from tierserve.core import ConfigError
 from tierserve.core.errors import Interrupted
-from tierserve.core.files import check_out_dir
+from tierserve.core.files import check_out_dir, shown
 from tierserve.experiments.capacity import judge
 from tierserve.experiments.scenario import (
     STREAM_ABOVE, ScenarioConfig, ScenarioResult, run_scenario, should_stream, write_result,
@@ -21,6 +21,8 @@ from tierserve.metrics.stability import (
 )
 
 MAIN_JOB_METRICS = ("ttft.p50", "ttft.p99", "tbt.p99", "ttlt.p99", "slo_attainment", "goodput_rps")
+# What `tierserve simulate` runs with no options: FCFS, tier priority, and the tier contract (docs/contract.md).
+MAIN_JOB_STACKS = ("vllm+round_robin", "vllm_priority+round_robin", "tierserve+tierserve")
 STEADY_HELP = "Statistics over the steady-state window only (first and last --drop-fraction of arrivals dropped)."
 DROP_HELP = "With --steady-state: fraction of arrivals dropped at each end."
 SEEDS_HELP = "Run this many seeds (the scenario's seed and the ones after it); show mean ± 95% interval."
@@ -109,16 +111,17 @@ def register(app: typer.Typer, console: Console) -> None:
                        num_requests=num_requests, seed=seed, time_limit=time_limit, no_skip_ahead=no_skip_ahead)
         if config is None and all(v is None for v in (local_policy, cluster_policy, trace, rate, replicas, model,
                                                        gpu, tp)):
-            # The main job: the default scenario, FCFS baseline and tier-aware stack side by side.
-            from tierserve.experiments.scenario import DEFAULT_STACKS, default_load_note
-            cfgs = _stack_configs(None, DEFAULT_STACKS, options)
+            # The main job: the default scenario, FCFS baseline, tier priority and the tierserve stack side by side.
+            from tierserve.experiments.scenario import default_load_note
+            cfgs = _stack_configs(None, MAIN_JOB_STACKS, options)
             first = next(iter(cfgs.values()))
             c = first.cluster
             console.print(f"[bold]default scenario[/]: {c.num_replicas}× {c.replica.model} on {c.replica.gpu}, "
                           f"{first.workload.num_requests} requests, 3 tiers (enterprise mix); "
                           + default_load_note())
-            console.print(f"{DEFAULT_STACKS[0]} is the FCFS baseline; {DEFAULT_STACKS[1]} changes only the "
-                          "replica's queue order (priority = tier)")
+            console.print(f"{MAIN_JOB_STACKS[0]} is the FCFS baseline; {MAIN_JOB_STACKS[1]} changes only the "
+                          f"replica's queue order (priority = tier); {MAIN_JOB_STACKS[2]} is the tier contract "
+                          "(docs/contract.md)")
             _compare(console, cfgs, executor, out, steady_state, drop_fraction, seeds, metrics=MAIN_JOB_METRICS)
             return
         cfg = scenario_from_options(config, options)
@@ -139,7 +142,7 @@ def register(app: typer.Typer, console: Console) -> None:
                           f"{cfg.workload.num_requests} requests per seed")
             _print_seeds(console, {f"{c.local_policy}+{c.cluster_policy}": res}, frac)
             if out:
-                console.print(f"wrote seed<N>/ (requests.csv, summary.json) and seeds.json under {out}/")
+                console.print(f"wrote seed<N>/ (requests.csv, summary.json) and seeds.json under {shown(out)}/")
             return
         result = run_with_progress(cfg, console, streamed, out, records)
         c, s = cfg.cluster, result.sim.stats
@@ -157,7 +160,7 @@ def register(app: typer.Typer, console: Console) -> None:
         if out:
             result.summary.extras["stability"] = {k: v.to_dict() for k, v in stability.items()}
             paths = write_result(result, out)
-            console.print("wrote " + ", ".join(str(p) for p in paths.values()))
+            console.print("wrote " + ", ".join(shown(p) for p in paths.values()))
 
     @app.command()
     def compare(
@@ -217,7 +220,7 @@ def _compare(console: Console, cfgs: Mapping[str, ScenarioConfig], executor: str
         res = run_seeds_many(labelled, _seed_list(first.seed, seeds), frac, executor=executor, outdir=out)
         _print_seeds(console, {stack: res[label] for stack, label in zip(cfgs, labelled)}, frac)
         if out:
-            console.print(f"wrote each stack's seed<N>/ outputs and seeds.json under {out}/")
+            console.print(f"wrote each stack's seed<N>/ outputs and seeds.json under {shown(out)}/")
         return
     jobs = [{"cfg": c.model_dump(mode="json"), "seed": c.seed, "drop_fraction": 0.0,
              "outdir": str(Path(out) / stack.replace("+", "__")) if out else None} for stack, c in cfgs.items()]
@@ -226,7 +229,7 @@ def _compare(console: Console, cfgs: Mapping[str, ScenarioConfig], executor: str
     except Interrupted as e:
         done = [stack for i, stack in enumerate(cfgs) if i in e.finished]
         Console(stderr=True).print("finished before the interrupt: " + (", ".join(done) or "none")
-                                   + (f" (their outputs are under {out}/)" if out and done else ""))
+                                   + (f" (their outputs are under {shown(out)}/)" if out and done else ""))
         raise
     summaries = {stack: r.summary for stack, r in runs.items()}
     if metrics:
@@ -236,7 +239,7 @@ def _compare(console: Console, cfgs: Mapping[str, ScenarioConfig], executor: str
     for stack, r in runs.items():
         console.print(f"[bold]{stack}[/] queue: {_colour(r.verdict_line())}")
     if out:
-        console.print(f"wrote each stack's requests.csv and summary.json under {out}/")
+        console.print(f"wrote each stack's requests.csv and summary.json under {shown(out)}/")
 
 
 def _seed_list(first: int, n: int) -> list[int]:

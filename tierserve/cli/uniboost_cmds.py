@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from tierserve.core.files import shown
+
 
 def register(reproduce_app: typer.Typer) -> None:
     @reproduce_app.command("uniboost")
@@ -70,5 +72,5 @@ def register(reproduce_app: typer.Typer) -> None:
             err.print(f"[{time.perf_counter() - t0:6.0f} s] {line}", markup=False, highlight=False)
         result = run_study(study, out, executor=executor, log=log, reuse_meta=reuse_capacities, resume=resume)
         console.print(result["markdown"], markup=False, highlight=False)
-        console.print(f"wrote {out}/uniboost_report.md, uniboost_runs.json, uniboost_meta.json "
+        console.print(f"wrote {shown(out)}/uniboost_report.md, uniboost_runs.json, uniboost_meta.json "
                       f"in {time.perf_counter() - t0:.1f} s")

@@ -46,6 +46,17 @@ class InputError(TierserveError, ValueError):
         return (type(self), (self.source, self.row, self.field, self.value, self.problem))
 
 
+class OutputError(TierserveError):
+    """A result that cannot be written: one line naming the path and what went wrong (disk full, name too long…)."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path, self.problem = path, problem
+        super().__init__(f"{path}: {problem}")
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.problem))
+
+
 class TraceError(InputError):
     """A malformed workload trace; names the file, the row and the field."""
 

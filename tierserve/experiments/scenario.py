@@ -5,9 +5,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tierserve.core.errors import config_error_from_validation
+from tierserve.core.errors import ConfigError, config_error_from_validation
 from tierserve.core.files import read_mapping
 from tierserve.core.limits import Int
 from tierserve.metrics import RequestTable, RunSummary, TokenTBT, summarize, write_outputs
@@ -59,6 +59,20 @@ class ScenarioConfig(BaseModel):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     workload: WorkloadConfig = Field(default_factory=default_scenario_workload)
 
+    @model_validator(mode="after")
+    def _params_fit_the_scenario(self) -> ScenarioConfig:
+        """Per-tier and per-replica policy parameters cover every tier and replica (checked now: too short a
+        list would otherwise fail only when an uncovered tier or replica is first used, mid-run)."""
+        params = self.cluster.local_policy_params
+        need = {"tier_importance": (self.workload.tiers.num_tiers, "workload.tiers.num_tiers", "tier"),
+                "chunk_by_replica": (self.cluster.num_replicas, "cluster.num_replicas", "replica")}
+        for name, (n, source, what) in need.items():
+            value = params.get(name)
+            if isinstance(value, (list, tuple)) and len(value) < n:
+                raise ConfigError(f"cluster.local_policy_params.{name}", value,
+                                  f"one entry per {what}: at least {n} ({source}), not {len(value)}")
+        return self
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ScenarioConfig:
         """Validate; a wrong field raises one ConfigError naming the field path, the value and the rule."""
@@ -79,6 +93,13 @@ def baseline_scenario() -> ScenarioConfig:
     return ScenarioConfig(name="default", cluster=ClusterConfig(num_replicas=4, local_policy="vllm",
                                                                 cluster_policy="round_robin"),
                           workload=default_workload())
+
+
+def workload_seed(cfg: ScenarioConfig) -> int:
+    """The seed the workload is drawn with: `workload.seed` offset by the scenario's seed, so the scenario
+    seeds s, s + 1, … of `--seeds N` each draw their own sample (never one twice), and the default
+    `workload.seed: 0` draws with the scenario's seed itself."""
+    return cfg.workload.seed + cfg.seed
 
 
 @dataclass
@@ -119,7 +140,7 @@ def run_scenario(cfg: ScenarioConfig, predictor=None, progress=None, *, stream: 
     """
     if stream:
         return _run_streamed(cfg, predictor, progress, outdir, records)
-    workload = build_workload(cfg.workload, cfg.seed if cfg.seed else None)
+    workload = build_workload(cfg.workload, workload_seed(cfg))
     sim = simulate(cfg.cluster, workload.requests, num_tiers=len(workload.tier_set), seed=cfg.seed,
                    predictor=predictor, progress=progress)
     table = RequestTable.from_states(sim.states, sim.reasons)
@@ -132,7 +153,7 @@ def run_scenario(cfg: ScenarioConfig, predictor=None, progress=None, *, stream: 
 
 def _run_streamed(cfg: ScenarioConfig, predictor, progress, outdir, records: str) -> ScenarioResult:
     from tierserve.metrics.stream import RunRecorder
-    workload = stream_workload(cfg.workload, cfg.seed if cfg.seed else None)
+    workload = stream_workload(cfg.workload, workload_seed(cfg))
     recorder = RunRecorder(len(workload.tier_set), outdir, records)
     try:
         sim = simulate(cfg.cluster, workload.requests, num_tiers=len(workload.tier_set), seed=cfg.seed,

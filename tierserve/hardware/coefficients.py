@@ -8,21 +8,27 @@ defaults. Attention terms are rescaled from the reference fit by geometry and GP
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from tierserve.hardware.calibration import (
+from tierserve.hardware.fits import (
     AllReduceFit,
     AttentionFit,
     LayerFit,
     allreduce_from_json,
+    allreduce_to_json,
     attention_from_json,
+    attention_to_json,
     layerfit_from_json,
+    layerfit_to_json,
 )
+from tierserve.hardware.fit_schema import validated_store
 from tierserve.hardware.specs import GPUSpec, ModelSpec, get_gpu, get_model
 
+_NUMBER_LIST = re.compile(r"\[([-+0-9.eE,\s]+)\]")
 DATA_DIR = Path(__file__).resolve().parent / "data"
 DEFAULT_COEFFICIENTS = DATA_DIR / "exec_coefficients.json"
 
@@ -81,7 +87,6 @@ class CoefficientStore:
         return None, "alpha-beta roofline on NVLink"
 
     def to_json(self) -> dict[str, Any]:
-        from tierserve.hardware.calibration import allreduce_to_json, attention_to_json, layerfit_to_json
         return {
             "meta": self.meta,
             "layers": {g: {m: {str(tp): layerfit_to_json(f) for tp, f in fits.items()} for m, fits in bm.items()}
@@ -102,7 +107,10 @@ class CoefficientStore:
         )
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n")
+        text = json.dumps(self.to_json(), indent=1, sort_keys=True)
+        # lists of numbers on one line each (correction knots run to hundreds of values)
+        text = _NUMBER_LIST.sub(lambda m: "[" + ", ".join(v.strip() for v in m.group(1).split(",")) + "]", text)
+        Path(path).write_text(text + "\n")
 
 
 @lru_cache(maxsize=8)
@@ -111,4 +119,4 @@ def load_store(path: str | None = None) -> CoefficientStore:
     p = Path(path) if path else DEFAULT_COEFFICIENTS
     if not p.is_file():
         return CoefficientStore()
-    return CoefficientStore.from_json(json.loads(p.read_text()))
+    return CoefficientStore.from_json(validated_store(p))

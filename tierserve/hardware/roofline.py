@@ -8,6 +8,7 @@ chunk/2) does 4·d·p FLOPs per query head (QKᵀ and PV, 2 FLOPs per MAC); a de
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +47,20 @@ def gemm_flops_bytes(model: ModelSpec, tp: int, op: str, tokens: np.ndarray) -> 
     return 2.0 * t * k * n, (k * n + t * (k + n)) * model.dtype_bytes
 
 
+WAVE_TILE = 128   # output tile edge of cuBLAS/CUTLASS fp16 tensor-core GEMMs at these sizes (128x128)
+
+
+def wave_flops(model: ModelSpec, gpu: GPUSpec, tp: int, op: str, tokens: np.ndarray) -> np.ndarray:
+    """FLOPs the GPU spends on a GEMM when every SM computes whole WAVE_TILE² output tiles in waves: a wave
+    that is not full still takes a full wave's time. At 512 tokens Yi-34B's O projection (N = 7,168) has
+    4 x 56 = 224 tiles on 108 SMs: 3 waves, 69% busy; at 2,048 tokens 896 tiles, 9 waves, 92%."""
+    k, n = gemm_shape(model, tp, op)
+    t = np.asarray(tokens, dtype=float)
+    tiles = np.ceil(t / WAVE_TILE) * math.ceil(n / WAVE_TILE)
+    waves = np.ceil(tiles / gpu.num_sms)
+    return waves * gpu.num_sms * 2.0 * WAVE_TILE * WAVE_TILE * k
+
+
 @dataclass(frozen=True, slots=True)
 class GemmFit:
     """Fitted roofline of one GEMM: efficiencies, launch overhead, and a smooth residual correction.
@@ -60,10 +75,17 @@ class GemmFit:
     corr_log2t: tuple[float, ...] = ()
     corr_factor: tuple[float, ...] = ()
     tile_tokens: int = 1   # wave quantisation: compute runs on whole tiles of this many tokens
+    # Roofline without a profile: compute runs in whole waves of WAVE_TILE x WAVE_TILE output tiles, one per SM
+    # (tile and wave quantisation, NVIDIA's "Matrix Multiplication Background" guide). A profile fit leaves it
+    # off: its measured times, and so its correction knots, already hold the GPU's own quantisation.
+    waves: bool = False
 
     def raw_ms(self, model: ModelSpec, gpu: GPUSpec, tp: int, op: str, tokens: np.ndarray) -> np.ndarray:
         t = np.asarray(tokens, dtype=float)
-        flops, _ = gemm_flops_bytes(model, tp, op, np.ceil(t / self.tile_tokens) * self.tile_tokens)
+        if self.waves:
+            flops = wave_flops(model, gpu, tp, op, t)
+        else:
+            flops, _ = gemm_flops_bytes(model, tp, op, np.ceil(t / self.tile_tokens) * self.tile_tokens)
         _, nbytes = gemm_flops_bytes(model, tp, op, t)
         t_flop = flops / (gpu.peak_flops * self.eff_flop) * 1e3
         t_mem = nbytes / (gpu.hbm_bytes_per_s * self.eff_bw) * 1e3

@@ -78,6 +78,7 @@ class GPUSpec:
     aliases: tuple[str, ...] = field(default=())
     profile_dir: str | None = None   # Vidur compute-profile device folder
     network_dir: str | None = None   # Vidur network-profile folder for all-reduce
+    num_sms: int = 108               # streaming multiprocessors: one GEMM output tile each per wave
 
     @property
     def peak_flops(self) -> float:
@@ -128,10 +129,10 @@ _GPUS: tuple[GPUSpec, ...] = (
     # GPUs in pairs (600 GB/s both ways), hence Vidur's pairwise-NVLink network profile. No compute profiles.
     GPUSpec("A100-80GB-PCIe", 312.0, 80.0, 1935.0, 32.0, 300.0,
             aliases=("a100-pcie", "a100-pcie-80gb", "a100_80g_pcie"), network_dir="a100_pairwise_nvlink"),
-    GPUSpec("H100-80GB", 989.0, 80.0, 3350.0, 64.0, 450.0,
+    GPUSpec("H100-80GB", 989.0, 80.0, 3350.0, 64.0, 450.0, num_sms=132,
             aliases=("h100", "h100-sxm5-80gb", "h100_80g"), profile_dir="h100", network_dir="h100_dgx"),
     # H200 has H100's compute and NVLink with larger, faster HBM3e; no Vidur profiles exist for it.
-    GPUSpec("H200", 989.0, 141.0, 4800.0, 64.0, 450.0, aliases=("h200-sxm-141gb", "h200_141g")),
+    GPUSpec("H200", 989.0, 141.0, 4800.0, 64.0, 450.0, num_sms=132, aliases=("h200-sxm-141gb", "h200_141g")),
 )
 
 

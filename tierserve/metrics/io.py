@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.core.files import atomic_path, write_text_atomic
+from tierserve.core.files import atomic_path, output_folder, write_text_atomic
 from tierserve.metrics.records import RequestTable
 from tierserve.metrics.summary import RunSummary
 
@@ -62,16 +62,16 @@ def write_outputs(outdir: str | Path, table: RequestTable, summary: RunSummary,
                   config: dict[str, Any] | None = None) -> dict[str, Path]:
     """Write the three files into `outdir` (created if needed); returns their paths by file name.
 
-    Each file is written under a temporary name and renamed when whole. `summary.json` goes last and carries
-    `"complete": true`, so a folder whose summary.json says complete holds the whole run; an old summary.json
-    is removed first, so an interrupted rewrite never leaves one that vouches for new, partial files."""
+    The files are written into a private staging folder and published together with `manifest.json` (each
+    file's SHA-256) by `tierserve.core.files.output_folder`: a rerun replaces the previous run's files whole and
+    an interrupted one publishes nothing. `summary.json` carries `"complete": true`."""
     out = Path(outdir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / SUMMARY_JSON).unlink(missing_ok=True)
+    with output_folder(out, "outdir") as stage:          # published whole, with manifest.json (core.files)
+        with atomic_path(stage / REQUESTS_CSV) as tmp:
+            table.to_csv(tmp)
+        write_summary_files(stage, summary, config)
     (out / REQUESTS_PARQUET).unlink(missing_ok=True)      # a stale streamed file must not shadow this run's
-    with atomic_path(out / REQUESTS_CSV) as tmp:
-        table.to_csv(tmp)
-    return {REQUESTS_CSV: out / REQUESTS_CSV, **write_summary_files(out, summary, config)}
+    return {n: out / n for n in (REQUESTS_CSV, SUMMARY_JSON, SUMMARY_BY_TIER_CSV)}
 
 
 def write_summary_files(outdir: str | Path, summary: RunSummary,

@@ -52,7 +52,7 @@ metric.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,17 +93,26 @@ def steady_state_table(table: RequestTable, drop_fraction: float = DEFAULT_DROP_
 
 
 def steady_state_summary(table: RequestTable, tier_names: Sequence[str] | TierSet | None = None,
-                         drop_fraction: float = DEFAULT_DROP_FRACTION,
-                         extras: Mapping[str, Any] | None = None) -> RunSummary:
+                         drop_fraction: float | None = DEFAULT_DROP_FRACTION,
+                         extras: Mapping[str, Any] | None = None, *, warmup_s: float | None = None) -> RunSummary:
     """Per-tier summary of the steady-state window; rates are per second of the window's arrival span.
 
-    Token-level TBT is empty here (it is not kept per request); `extras` gains `steady_state` = the fraction
-    dropped at each end, the counts kept and dropped, and the window's arrival span.
+    The window is either ⌊f·n⌋ arrivals dropped at each end (`drop_fraction` f), or, with `warmup_s` (and
+    `drop_fraction` None), every request arriving from the warm-up's end on (the run drains, so its last
+    arrivals are served in steady state too). Token-level TBT is empty here (it is not kept per request);
+    `extras` gains `steady_state` = how the window was cut, the counts kept and dropped, and its arrival span.
     """
-    window = steady_state_table(table, drop_fraction)
+    if drop_fraction is None:
+        start = -math.inf if warmup_s is None or not math.isfinite(warmup_s) else float(warmup_s)
+        window = table.select(np.asarray(table.arrival_s) >= start)
+        how: dict[str, Any] = {"warmup_s": start if math.isfinite(start) else None,
+                               "cut": "warm-up found by MSER on the unfinished work; no tail dropped"}
+    else:
+        window = steady_state_table(table, drop_fraction)
+        how = {"drop_fraction_each_end": drop_fraction}
     a = window.arrival_s
     span_s = float(a.max() - a.min()) if len(window) > 1 else 0.0
-    info = {"drop_fraction_each_end": drop_fraction, "kept": len(window), "dropped": len(table) - len(window),
+    info = {**how, "kept": len(window), "dropped": len(table) - len(window),
             "arrival_from_s": float(a.min()) if len(window) else math.nan,
             "arrival_to_s": float(a.max()) if len(window) else math.nan,
             "tbt": "not windowed (kept per tier, not per request); see TPOT"}
@@ -261,6 +270,185 @@ def backlog_verdict(table: RequestTable, drop_fraction: float = DEFAULT_DROP_FRA
                             reason=f"backlog grew by {growth:+.1%} of the window's requests (limit {limit:.1%})")
 
 
+# ---- the work verdict: unfinished tokens and their growth with run length ----------------------------
+WORK = "work"                    # the key of the work verdict in a SteadyRun's `stability`
+UNDECIDED = "undecided"
+WORK_TOLERANCE = 0.02            # growth below 2% of the arriving work is no growth (ρ ≲ 1.02)
+WORK_GRID = 200                  # instants at which the unfinished work is read
+WORK_BATCHES = 10                # batch means the growth is fitted on
+
+
+@dataclass(frozen=True, slots=True)
+class WorkVerdict:
+    """Stable / unstable / undecided from the unfinished work of a run (module docstring has the rule).
+
+    `growth`: the fitted rise of unfinished work over the steady window as a fraction of the work that arrived
+    in it (≈ 1 − 1/ρ for an overloaded queue, 0 for a stable one), with its 95% interval `growth_low`–
+    `growth_high`; `warmup_s`: when the warm-up found ends; `work_tokens`: batch means of the unfinished work.
+    `num_requests`: requests the run offered (its length); `lengths`: every length run to reach the verdict.
+    """
+
+    verdict: str
+    growth: float = math.nan
+    growth_low: float = math.nan
+    growth_high: float = math.nan
+    tolerance: float = WORK_TOLERANCE
+    warmup_s: float = math.nan
+    window_s: tuple[float, float] = (math.nan, math.nan)
+    warmup_fraction: float = math.nan       # of the requests, arriving before the warm-up's end
+    work_tokens: tuple[float, ...] = ()
+    num_requests: int = 0
+    lengths: tuple[int, ...] = ()
+    reason: str = ""
+    measure: str = WORK
+
+    @property
+    def stable(self) -> bool:
+        """True only for "stable": an undecided run has not shown it is stable."""
+        return self.verdict == STABLE
+
+    @property
+    def n(self) -> int:
+        return self.num_requests
+
+    def lengthened(self, lengths: Sequence[int]) -> WorkVerdict:
+        from dataclasses import replace
+        return replace(self, lengths=tuple(int(x) for x in lengths))
+
+    def __str__(self) -> str:
+        if not math.isfinite(self.growth):
+            return f"{self.verdict} ({self.reason})"
+        runs = "→".join(str(x) for x in self.lengths) if len(self.lengths) > 1 else str(self.num_requests)
+        return (f"{self.verdict}: unfinished work grows {self.growth:+.1%} of the arriving work "
+                f"[{self.growth_low:+.1%}, {self.growth_high:+.1%}] (tolerance {self.tolerance:.0%}), "
+                f"warm-up {self.warmup_fraction:.0%} dropped, {runs} requests")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "measure": self.measure, "growth": self.growth,
+                "growth_low": self.growth_low, "growth_high": self.growth_high, "tolerance": self.tolerance,
+                "warmup_s": self.warmup_s, "window_s": list(self.window_s), "warmup_fraction": self.warmup_fraction,
+                "work_tokens": list(self.work_tokens), "num_requests": self.num_requests,
+                "lengths": list(self.lengths), "reason": self.reason}
+
+
+def unfinished_work(at_s: ArrayLike, arrival_s: ArrayLike, first_s: ArrayLike, finish_s: ArrayLike,
+                    prefill: ArrayLike, decode: ArrayLike) -> NDArray[np.float64]:
+    """Tokens still to compute at each instant of `at_s`: a request's prefill until its first token, its decode
+    falling linearly from the first token to its finish. NaN first/finish = not reached (never done)."""
+    t = np.asarray(at_s, dtype=np.float64)
+    a = np.asarray(arrival_s, dtype=np.float64)
+    first = np.nan_to_num(np.asarray(first_s, dtype=np.float64), nan=np.inf)
+    fin = np.nan_to_num(np.asarray(finish_s, dtype=np.float64), nan=np.inf)
+    fin = np.maximum(fin, first)
+    p = np.asarray(prefill, dtype=np.float64)
+    d = np.asarray(decode, dtype=np.float64)
+
+    def total_by(times: NDArray[np.float64], weight: NDArray[np.float64]) -> NDArray[np.float64]:
+        order = np.argsort(times, kind="stable")
+        cum = np.concatenate([[0.0], np.cumsum(weight[order])])
+        return cum[np.searchsorted(times[order], t, side="right")]
+
+    arrived = total_by(a, p + d)
+    span = fin - first
+    linear = np.isfinite(fin) & (span > 0)                  # decodes over a positive time
+    rate = np.where(linear, d / np.where(linear, span, 1.0), 0.0)   # decode tokens per s while decoding
+    rate_first = rate * np.where(linear, first, 0.0)
+    # done by t: prefill at the first token, decode whole at the finish, and rate·(t − first) while decoding
+    decoding_rate = total_by(first, rate) - total_by(fin, rate)
+    decoding_offset = total_by(first, rate_first) - total_by(fin, rate_first)
+    done = total_by(first, p) + total_by(fin, d) + t * decoding_rate - decoding_offset
+    return np.maximum(arrived - done, 0.0)
+
+
+def mser_cut(series: ArrayLike, max_fraction: float = 0.5) -> int:
+    """Warm-up length by MSER (White 1997): the cut d ≤ max_fraction·n minimising the squared standard error of
+    the mean of series[d:], Σ(x − x̄)² / (n − d)²."""
+    x = np.asarray(series, dtype=np.float64)
+    n = x.size
+    tail_sum = np.cumsum(x[::-1])[::-1]
+    tail_sq = np.cumsum((x * x)[::-1])[::-1]
+    m = n - np.arange(n)
+    sse = tail_sq - tail_sum * tail_sum / m
+    score = sse / (m.astype(np.float64) ** 2)
+    limit = max(1, int(max_fraction * n))
+    return int(np.argmin(score[:limit]))
+
+
+def work_verdict(arrival_s: ArrayLike, first_s: ArrayLike, finish_s: ArrayLike, prefill: ArrayLike,
+                 decode: ArrayLike, *, tolerance: float = WORK_TOLERANCE, grid: int = WORK_GRID,
+                 batches: int = WORK_BATCHES, min_requests: int = 200) -> WorkVerdict:
+    """Verdict from a run's unfinished work over its arrival span (module docstring)."""
+    from scipy import stats  # lazy: only verdicts need scipy
+    a = np.asarray(arrival_s, dtype=np.float64).ravel()
+    n = int(a.size)
+    if n < min_requests:
+        return WorkVerdict(UNDECIDED, tolerance=tolerance, num_requests=n, lengths=(n,),
+                           reason=f"{n} requests: too few to read a growth (< {min_requests})")
+    t0, t1 = float(a.min()), float(a.max())
+    at = np.linspace(t0, t1, grid)
+    work = unfinished_work(at, a, first_s, finish_s, prefill, decode)
+    cut = mser_cut(work)
+    start = float(at[cut])
+    tail_at, tail = at[cut:], work[cut:]
+    groups = np.array_split(np.arange(tail.size), batches)
+    means = np.array([tail[g].mean() for g in groups])
+    mids = np.array([tail_at[g].mean() for g in groups])
+    size = np.asarray(prefill, dtype=np.float64) + np.asarray(decode, dtype=np.float64)
+    inside = a >= start
+    arriving = float(size[inside].sum())
+    fit = stats.linregress(mids, means)
+    half = float(stats.t.ppf(0.975, batches - 2) * fit.stderr)
+    span = t1 - start
+    scale = span / arriving if arriving > 0 and span > 0 else math.nan   # tokens/s of growth → fraction
+    g, lo, hi = fit.slope * scale, (fit.slope - half) * scale, (fit.slope + half) * scale
+    if lo > tolerance:
+        verdict = UNSTABLE
+    elif hi < tolerance:
+        verdict = STABLE
+    else:
+        verdict = UNDECIDED
+    return WorkVerdict(verdict, float(g), float(lo), float(hi), tolerance, start, (start, t1),
+                       float(1.0 - inside.mean()), tuple(float(x) for x in means), n, (n,),
+                       reason=f"growth interval straddles the tolerance" if verdict == UNDECIDED else "")
+
+
+def table_work_verdict(table: RequestTable, end_s: float | None = None, **rule: Any) -> WorkVerdict:
+    """`work_verdict` of a request table: rejected rows left out; a request cut off by the run's end counts its
+    decode as progressing at the pace it had (its generated tokens by `end_s`), an unstarted one as all to do."""
+    queued = ~table.rejected
+    a = np.asarray(table.arrival_s, dtype=np.float64)[queued]
+    first = np.asarray(table["first_token_s"], dtype=np.float64)[queued].copy()
+    fin = np.asarray(table["finish_s"], dtype=np.float64)[queued].copy()
+    decode = np.asarray(table["output_tokens"], dtype=np.float64)[queued]
+    made = np.asarray(table["generated_tokens"], dtype=np.float64)[queued]
+    end = float(end_s) if end_s is not None else (float(np.nanmax(fin)) if np.isfinite(fin).any() else 0.0)
+    cut_off = np.isnan(fin) & np.isfinite(first) & (made > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fin[cut_off] = first[cut_off] + (end - first[cut_off]) * decode[cut_off] / made[cut_off]
+    v = work_verdict(a, first, fin, np.asarray(table["prompt_tokens"], dtype=np.float64)[queued], decode, **rule)
+    from dataclasses import replace
+    return replace(v, num_requests=len(table), lengths=(len(table),))   # its length counts the rejected too
+
+
+def sequential_verdict(run_at: Callable[[int], Any], start: int, most: int,
+                       verdict_of: Callable[[Any], WorkVerdict]) -> tuple[Any, WorkVerdict]:
+    """Run at `start` requests and double the length while the verdict is undecided, up to `most`.
+
+    Returns the last run and its verdict, whose `lengths` lists every length tried (the run length the
+    method chose is the last)."""
+    if not (0 < start <= most):
+        raise ValueError(f"run lengths need 0 < start <= most; got start={start}, most={most}")
+    lengths: list[int] = []
+    n = int(start)
+    while True:
+        run = run_at(n)
+        lengths.append(n)
+        v = verdict_of(run)
+        if v.verdict != UNDECIDED or n >= most:
+            return run, v.lengthened(lengths)
+        n = min(2 * n, int(most))
+
+
 def all_stable(verdicts: Mapping[str, StabilityVerdict]) -> bool:
     return all(v.stable for v in verdicts.values())
 
@@ -268,38 +456,60 @@ def all_stable(verdicts: Mapping[str, StabilityVerdict]) -> bool:
 # ---- a run judged in steady state ---------------------------------------------------------------------
 @dataclass(slots=True)
 class SteadyRun:
-    """One seed at one rate: the steady-state summary, the stability verdicts, and what produced them."""
+    """One seed at one rate: the steady-state summary, the stability verdict(s), and what produced them.
+
+    `stability[WORK]` (from `steady_run`) is the work verdict and alone decides `stable`; runs built from the
+    older per-stream verdicts (no WORK entry) are stable when every entry is. `drop_fraction`: the share of
+    requests left out of the summary as warm-up (found, or the fixed fraction given).
+    """
 
     summary: RunSummary
-    stability: dict[str, StabilityVerdict]
+    stability: dict[str, Any]
     seed: int
     rate: float = math.nan
     drop_fraction: float = DEFAULT_DROP_FRACTION
 
     @property
+    def work(self) -> WorkVerdict | None:
+        v = self.stability.get(WORK)
+        return v if isinstance(v, WorkVerdict) else None
+
+    @property
+    def num_requests(self) -> int:
+        """Requests the run offered (its length, as the work verdict read it; 0 when there is none)."""
+        w = self.work
+        return w.num_requests if w is not None else 0
+
+    @property
     def stable(self) -> bool:
-        return all_stable(self.stability)
+        w = self.work
+        return w.stable if w is not None else all_stable(self.stability)
 
     def verdict_line(self) -> str:
-        """'stable' or 'unstable (tier2)': the run's verdict and which entries are unstable."""
+        """'stable', 'undecided' or 'unstable' (with the unstable entries named for the older verdicts)."""
+        w = self.work
+        if w is not None:
+            return w.verdict
         bad = [k for k, v in self.stability.items() if not v.stable]
         return STABLE if not bad else f"{UNSTABLE} ({', '.join(bad)})"
 
     def to_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "rate": self.rate, "drop_fraction_each_end": self.drop_fraction,
-                "verdict": self.verdict_line(), "stability": {k: v.to_dict() for k, v in self.stability.items()},
+                "num_requests": self.num_requests, "verdict": self.verdict_line(),
+                "stability": {k: v.to_dict() for k, v in self.stability.items()},
                 "summary": self.summary.to_dict()}
 
 
 def steady_run(table: RequestTable, end_s: float, tier_names: Sequence[str] | TierSet | None, seed: int,
-               rate: float = math.nan, drop_fraction: float = DEFAULT_DROP_FRACTION,
+               rate: float = math.nan, drop_fraction: float | None = None,
                extras: Mapping[str, Any] | None = None, **rule: Any) -> SteadyRun:
-    """Steady-state summary plus the verdicts of one finished run: queue trend per tier and for all requests,
-    and the backlog under "backlog" (module docstring)."""
-    summary = steady_state_summary(table, tier_names, drop_fraction, extras)
-    stability = run_stability(table, end_s, tier_names, drop_fraction=drop_fraction, **rule)
-    stability[BACKLOG] = backlog_verdict(table, drop_fraction)
-    return SteadyRun(summary, stability, seed, rate, drop_fraction)
+    """The work verdict of one finished run (under WORK) and its steady-state summary: from the warm-up the
+    verdict found on (`drop_fraction` None, the default) or with a fixed fraction dropped at each end."""
+    work = table_work_verdict(table, end_s, **rule)
+    summary = steady_state_summary(table, tier_names, drop_fraction, extras, warmup_s=work.warmup_s)
+    dropped = drop_fraction if drop_fraction is not None else (
+        work.warmup_fraction if math.isfinite(work.warmup_fraction) else 0.0)
+    return SteadyRun(summary, {WORK: work}, seed, rate, dropped)
 
 
 def majority(flags: Sequence[bool]) -> bool:

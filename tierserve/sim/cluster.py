@@ -190,6 +190,10 @@ class Cluster:
         self._lanes: dict[int, deque[RequestState]] = {}
         self._uses_lanes = type(policy).queue_lane is not ClusterPolicy.queue_lane
         self.num_held = 0
+        # Deferrals: a request the policy held and later dispatched ends with reason "deferred: …" in its
+        # record (requests.csv), counted per tier here; one still held at the end is censored as any other.
+        self._held_since: dict[int, float] = {}
+        self.deferred_by_tier: dict[int, int] = {}
         self.num_ended = 0
         self._next_arrival = 0
         self.migration = migration_executor
@@ -256,6 +260,7 @@ class Cluster:
 
     def _hold(self, state: RequestState) -> None:
         self.num_held += 1
+        self._held_since[id(state)] = self.loop.now
         if not self._uses_lanes:
             self.queue.append(state)
             return
@@ -279,6 +284,7 @@ class Cluster:
                 self.queue.remove(state)
                 self.num_held -= 1
                 state.dispatch_s = now
+                self._record_deferral(state, now)
                 self.replicas[target].enqueue(state)
             return
         # The same order as sorting every held request by `queue_key`: the least lane head, repeatedly.
@@ -300,12 +306,21 @@ class Cluster:
             best.popleft()
             self.num_held -= 1
             state.dispatch_s = now
+            self._record_deferral(state, now)
             self.replicas[target].enqueue(state)
+
+    def _record_deferral(self, state: RequestState, now: float) -> None:
+        """A held request leaves the global queue: if it waited there, its record says for how long."""
+        since = self._held_since.pop(id(state))
+        if now > since:
+            self.deferred_by_tier[state.tier] = self.deferred_by_tier.get(state.tier, 0) + 1
+            self.reasons[state.id] = (f"deferred: held {now - state.arrival_s:.3f} s in the global queue by "
+                                      f"{self.policy.name}")
 
     def _on_finish(self, state: RequestState) -> None:
         self.num_ended += 1
         if self.on_end is not None:
-            self.on_end(self.live.pop(id(state))[0], state, None)
+            self.on_end(self.live.pop(id(state))[0], state, self.reasons.pop(state.id, None))
         if self.num_held:
             self._drain_queue()
 

@@ -28,7 +28,7 @@ class ReplicaConfig(BaseModel):
     max_num_seqs: Int | None = Field(None, ge=1, le=1 << 24, description="Max requests per batch; None = the policy's "
                                          "default (vLLM v1 policies: 256 on A100, 1,024 on H100/H200; sarathi, "
                                          "vllm_v0 and orca 128).")
-    watermark_fraction: Float = Field(0.01, ge=0, lt=1, description="KV blocks kept free on admission (Sarathi/vLLM v0: 1%).")
+    watermark_fraction: Float = Field(0.01, ge=0, le=0.5, description="KV blocks kept free on admission (Sarathi/vLLM v0: 1%; at most half: more leaves no room to batch).")
     max_model_len: Int | None = Field(None, ge=1, le=MAX_TOKENS, description="Longest prompt+output served; None = the model's.")
     swap_space_gib: Float = Field(4.0, ge=0, le=1 << 20, allow_inf_nan=False, description="Host memory per GPU for swapped-out KV (GiB; vLLM v0's "
                                   "--swap-space default 4). A swap that does not fit falls back to recompute.")
@@ -83,8 +83,10 @@ class ReplicaConfig(BaseModel):
         for k, (from_s, factor) in enumerate(v):
             if not (math.isfinite(from_s) and from_s >= 0):
                 raise ValueError(f"pair {k}: from_s {from_s!r} must be a finite time >= 0 (seconds)")
-            if not (math.isfinite(factor) and factor > 0):
-                raise ValueError(f"pair {k}: factor {factor!r} must be a finite number > 0")
+            if not (math.isfinite(factor) and limits.MIN_SPEED_FACTOR <= factor <= limits.MAX_SPEED_FACTOR):
+                raise ValueError(f"pair {k}: factor {factor!r} must be a finite number > 0, in "
+                                 f"[{limits.MIN_SPEED_FACTOR:g}, {limits.MAX_SPEED_FACTOR:g}] (a stated bound: "
+                                 "slower or faster is not one machine)")
             if k and from_s <= v[k - 1][0]:
                 raise ValueError(f"pair {k}: from_s {from_s!r} must come after the previous pair's {v[k - 1][0]!r}")
         return v
@@ -218,6 +220,7 @@ def check_policy_params(registry, policy: str, params: dict[str, Any]) -> None:
             continue
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(name, value, "a finite number")
+        limits.check_param_magnitude(name, value)
     try:
         registry.create(policy, **params)
     except ConfigError as e:

@@ -7,6 +7,7 @@ changing one section leaves the others' draws unchanged.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import repeat
 from pathlib import Path
@@ -181,6 +182,23 @@ class SLOConfig(_Section):
         return SLO(self.ttft_s, self.tbt_s, self.ttlt_s, self.attainment)
 
 
+MAX_TIER_NAME = 64
+# Keys the summaries and verdicts use beside the tiers' own: a tier of that name would be merged with them.
+RESERVED_TIER_NAMES = ("all", "backlog", "work")
+
+
+def check_tier_name(field: str, name: str, earlier: Sequence[str] = ()) -> None:
+    """A tier name is printable text, unique (case-insensitively) and none of RESERVED_TIER_NAMES."""
+    if not name.strip() or not name.isprintable() or name != name.strip():
+        raise ConfigError(field, name, "printable text without surrounding spaces")
+    if name.casefold() in RESERVED_TIER_NAMES:
+        raise ConfigError(field, name, f"a name other than {', '.join(RESERVED_TIER_NAMES)} (reserved: the summary "
+                                       "uses them for the whole run and its verdicts)")
+    if name.casefold() in {e.casefold() for e in earlier}:
+        raise ConfigError(field, name, "a name no other tier has (case-insensitively; two tiers of one name "
+                                       "would be merged in the summary)")
+
+
 class TiersConfig(_Section):
     num_tiers: Annotated[Int, Field(ge=1)] = 3
     mix: Literal["uniform", "gaussian", "enterprise", "weights"] | None = Field(
@@ -189,7 +207,7 @@ class TiersConfig(_Section):
     sigma: Annotated[Float, Field(gt=0, le=1e6, allow_inf_nan=False)] | None = Field(
         None, description="gaussian mix width in tiers (default K/4)")
     slos: list[SLOConfig] | None = Field(None, description="one per tier; default tiers.default_slos(K)")
-    names: list[str] | None = None
+    names: list[Annotated[str, Field(min_length=1, max_length=MAX_TIER_NAME)]] | None = None
     preset: Literal["niyama"] | None = Field(None, description="niyama: Q1 TTFT 6 s/TBT 50 ms, Q2 TTLT 600 s, "
                                                                "Q3 TTLT 1800 s, 1/3 each")
     from_trace: bool = Field(True, strict=True, description="use the trace's tier column when it has one")
@@ -217,6 +235,8 @@ class TiersConfig(_Section):
         for name, lst in (("slos", self.slos), ("names", self.names)):
             if lst is not None and len(lst) != k:
                 raise ValueError(f"{name}: got {len(lst)} entries; allowed: exactly num_tiers = {k}")
+        for i, tier in enumerate(self.names or ()):
+            check_tier_name(f"names[{i}]", tier, self.names[:i])
         return self
 
     def mix_weights(self) -> np.ndarray:

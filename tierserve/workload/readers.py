@@ -159,6 +159,17 @@ def _parse_tier(src: str, row: int, raw: object, num_tiers: int | None) -> int:
     return int(v)
 
 
+def parse_count(src: str, row: int, name: str, raw: object, minimum: int = 0) -> int:
+    """An integer count from a cell of any reader's file: plain digits, or an integral float such as `44.0`
+    (Vidur writes token counts so in trace replays); `44.5` is a TraceError naming file, row and field."""
+    return _parse_tokens(src, row, name, raw, minimum)
+
+
+def parse_number(src: str, row: int, name: str, raw: object) -> float:
+    """A finite number from a cell of any reader's file; anything else is a TraceError naming file, row and field."""
+    return _parse_float(src, row, name, raw)
+
+
 def _check_min_output(min_output: int | None) -> None:
     if min_output is not None and (isinstance(min_output, bool) or not isinstance(min_output, int)
                                    or not 1 <= min_output <= MAX_TOKENS):

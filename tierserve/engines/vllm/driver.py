@@ -94,6 +94,17 @@ def check_policy(policy: LocalPolicy) -> None:
                                                     "(set preempt_mode: recompute)")
 
 
+def check_calibration(policy: LocalPolicy, exec_model_file: str | None) -> None:
+    """Refuse at start, naming the way out, a policy that asks the execution-time predictor (`uses_predictor`)
+    where the engine was given no fit of its own iterations: it would fail at its first question, mid-run."""
+    if policy.uses_predictor and not exec_model_file:
+        raise ConfigError("tierserve.exec_model_file", exec_model_file,
+                          f"a fit of this engine's iterations, because {policy.name} asks the execution-time "
+                          f"predictor (uses_predictor): run once with iteration_log (a policy that does not ask, "
+                          f"e.g. vllm_priority), then `tierserve calibrate --iterations LOG --out fit.json`, and "
+                          f"set exec_model_file")
+
+
 _HOOKS = ("on_arrival", "on_iteration_end", "on_preempt", "on_relegate", "on_migrate_out", "on_migrate_in",
           "on_finish")
 
@@ -178,6 +189,7 @@ class PolicyDriver:
         self.policy = policy if policy is not None else make_policy(settings.policy, settings.policy_params)
         if policy is not None:
             check_policy(policy)
+        check_calibration(self.policy, settings.exec_model_file)
         if self.policy.uses_watermark:
             watermark_blocks = max(watermark_blocks, int(settings.watermark_fraction * total_blocks))
         self.replica = EngineReplica(block_size=block_size, total_blocks=total_blocks, token_budget=token_budget,
@@ -218,8 +230,8 @@ class PolicyDriver:
         # (plan, engine requests in service order, the budget, `_last_plan`, free blocks left after it, uses)
         self._repeat: tuple | None = None
         self.repeated_plans = 0                       # steps that reused the previous plan that way
-        self._resumable = self.policy.resumable
         if self.incremental:
+            self._resumable = self.policy.resumable     # (only VLLMPolicy's plan has it: `fixed_waiting_key`)
             self.replica.waiting = self._wstates
             self.policy.order_waiting = self._order_waiting_kept   # this driver's own policy object
             self.policy.resumable = self._resumable_kept
@@ -691,6 +703,11 @@ class PolicyDriver:
                 "tokens": req.num_output_tokens, "relegated": s.relegated,
                 "gaps_ms": [round(g * 1e3, 3) for g in self._gaps.pop(s.id, ())]})
         self.policy.on_finish(s, self.view)
+
+    @property
+    def planned_tokens(self) -> dict[str, int]:
+        """This step's plan: engine request id -> tokens (the scheduler caps each running request at it)."""
+        return self._last_plan
 
     def close(self) -> None:
         for log in (self.iteration_log, self.decision_log, self.request_log):

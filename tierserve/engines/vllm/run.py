@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--policy", default="vllm_priority")
     ap.add_argument("--policy-params", default="{}")
+    ap.add_argument("--exec-model-file", default=None,
+                    help="linear step-time fit (`tierserve calibrate --iterations`) for policies that ask the predictor")
     ap.add_argument("--stock", action="store_true", help="vLLM's own scheduler (no tierserve)")
     ap.add_argument("--stock-policy", default="fcfs", choices=["fcfs", "priority"])
     ap.add_argument("--engine-process", action="store_true", help="engine core in its own process")
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         kwargs["scheduler_cls"] = ASYNC_SCHEDULER_CLS if args.async_scheduler else SCHEDULER_CLS
         ts = {"policy": args.policy, "policy_params": json.loads(args.policy_params),
-              "incremental_waiting": args.waiting_order == "kept"}
+              "incremental_waiting": args.waiting_order == "kept", "exec_model_file": args.exec_model_file}
         if args.logs in ("all", "iterations"):
             ts["iteration_log"] = str(args.out / "iterations.csv")
         if args.logs == "all":

@@ -8,6 +8,10 @@ asynchronous engine loses its overlap. The policy and logs are configured by `En
 
 Overrides, each small: `schedule` (the driver's plan becomes the step's victims, service order, admissions
 and token budget — vLLM reads `max_num_scheduled_tokens` at the top of its loop — then vLLM's loop runs),
+`_reserve_prefill_lookahead` (vLLM's one per-request hook in its running loop: each running request is capped at
+its planned tokens, so a plan that gives a waiting request tokens before a running prefill's — one priority order
+over both, as the priority-loop policies and Niyama keep — is what vLLM runs; admissions take the budget left,
+greedily in plan order, which is the plan's own rule),
 `update_from_output` (step time and delivered tokens), `add_request` (tier/SLO from `priority` and
 `SamplingParams.extra_args`), `_preempt_request` and `_free_request` (the policy's hooks; finishes counted),
 `_enqueue_waiting_request` (a request re-queued by vLLM itself).
@@ -68,6 +72,7 @@ class TierScheduler(Scheduler):
         if self.tierserve.replica.watermark_blocks > self.kv_cache_manager.watermark_blocks:
             self.kv_cache_manager.watermark_blocks = self.tierserve.replica.watermark_blocks   # uses_watermark
         self._planned_victims: set[str] = set()
+        self._caps: dict[str, int] | None = None      # the plan's tokens per request, while vLLM's loop runs
         if self.scheduler_reserve_full_isl:
             logger.warning("tierserve: vLLM admits a request only when its whole known sequence fits "
                            "(scheduler_reserve_full_isl); tierserve's v1 policies plan admission per chunk, so the "
@@ -107,7 +112,11 @@ class TierScheduler(Scheduler):
                  if self._planned_victims else ())
         self.waiting.reorder(hints.admit)
         self.max_num_scheduled_tokens = min(hints.budget, self.configured_token_budget)
-        out = super().schedule(*args, **kwargs)
+        self._caps = d.planned_tokens
+        try:
+            out = super().schedule(*args, **kwargs)
+        finally:
+            self._caps = None
         self.waiting.extend(front)
         self.waiting.extend(hints.held)
         engine_preempted = [rid for rid in out.preempted_req_ids if rid not in self._planned_victims]
@@ -129,15 +138,27 @@ class TierScheduler(Scheduler):
         self.running[:] = [r for r in hints.running if r.status == RequestStatus.RUNNING]
         self.max_num_scheduled_tokens = min(hints.budget, self.configured_token_budget)
         self.waiting.show(hints.admit)
+        self._caps = d.planned_tokens
         try:
             out = super().schedule(*args, **kwargs)
         finally:
+            self._caps = None
             self.waiting.hide()
         engine_preempted = ([rid for rid in out.preempted_req_ids if rid not in self._planned_victims]
                             if out.preempted_req_ids else ())
         self._planned_victims.clear()
         d.record_schedule(out.num_scheduled_tokens, self.requests, engine_preempted, t0)
         return out
+
+    def _reserve_prefill_lookahead(self, request, num_computed_tokens: int, num_new_tokens: int) -> int:
+        # vLLM's running loop asks this of every running request after its own chunk rule: the one per-request
+        # hook it has, so each running request gets at most its planned tokens (none when the plan leaves it out)
+        n = super()._reserve_prefill_lookahead(request, num_computed_tokens, num_new_tokens)
+        caps = self._caps
+        if caps is None:
+            return n
+        cap = caps.get(request.request_id, 0)
+        return n if n < cap else cap
 
     def _preempt_request(self, request, timestamp: float, drop_stale_output: bool = False) -> None:
         super()._preempt_request(request, timestamp, drop_stale_output=drop_stale_output)

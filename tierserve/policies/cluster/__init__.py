@@ -12,6 +12,7 @@ CLUSTER_POLICIES = Registry("cluster", {
     "llumnix_k_adaptive": "tierserve.policies.cluster.llumnix_k:LlumnixKAdaptive",
     "silo": "tierserve.policies.cluster.silo:SiloDispatch",
     "deadline_slack": "tierserve.policies.cluster.deadline_slack:DeadlineSlackDispatch",
+    "tierserve": "tierserve.policies.cluster.tierserve:TierServeDispatch",
 })
 
 __all__ = ["CLUSTER_POLICIES", "ClusterPolicy", "InstanceView", "Move"]

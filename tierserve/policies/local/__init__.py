@@ -24,6 +24,8 @@ LOCAL_POLICIES = Registry("local", {
     "sarathi_edf": "tierserve.policies.local.sarathi_edf:SarathiEDFPolicy",
     "sarathi_srpf": "tierserve.policies.local.sarathi_srpf:SarathiSRPFPolicy",
     "niyama": "tierserve.policies.local.niyama:NiyamaPolicy",
+    "tierserve": "tierserve.policies.local.tierserve:TierServePolicy",
+    "niyama_chunked": "tierserve.policies.local.niyama_chunked:NiyamaChunkedPolicy",
 })
 
 __all__ = ["LOCAL_POLICIES", "IterationPredictor", "LocalPolicy", "Oracle", "PolicyError", "ReplicaView"]

@@ -22,7 +22,8 @@ class LocalPolicy(ABC):
       `allocation` — how many KV blocks a running request holds (`AllocationRule`);
       `preempt_modes` — the preemption modes the policy may ask for;
       `uses_watermark` — whether admission keeps `watermark_blocks` free (vLLM v0/Sarathi; v1 does not);
-      `needs_oracle` — the policy is an oracle baseline and must be given the true output length.
+      `needs_oracle` — the policy is an oracle baseline and must be given the true output length;
+      `uses_predictor` — its plan or hooks ask `view.predictor` (or `recompute_time_s`): an engine needs a fit.
     """
 
     name: str = "base"
@@ -32,6 +33,7 @@ class LocalPolicy(ABC):
     preempt_modes: tuple[PreemptMode, ...] = (PreemptMode.RECOMPUTE,)
     uses_watermark: bool = True
     needs_oracle: bool = False
+    uses_predictor: bool = False    # asks the execution-time model (an instance may set it from its parameters)
     follows_engine_defaults: bool = False   # token budget / max_num_seqs default to vLLM's per-GPU choice
     max_model_len: int = 0          # MAX_LENGTH allocation reserves this many tokens per request
     # The key `order_waiting` sorts by, where a waiting request's key moves only with its own num_generated,

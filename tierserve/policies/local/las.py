@@ -22,6 +22,7 @@ from tierserve.policies.local.priority import PriorityLoopPolicy
 @declares_steady_plans
 class LASPolicy(PriorityLoopPolicy):
     name = "las"
+    uses_predictor = True           # skip-join prices a prompt's prefill time
 
     def __init__(self, q0_s: float = 0.010, promote_after_s: float = 3.0, **kwargs) -> None:
         super().__init__(**kwargs)

@@ -104,6 +104,7 @@ class NiyamaPolicy(LocalPolicy):
         latest_start = _positive("latest_start_tbt_s", latest_start_tbt_s)
         lengths = DecodeLengthEstimator(_positive("decode_sigmas", decode_sigmas, allow_zero=True),
                                         _positive("decode_prior_tokens", decode_prior_tokens))
+        self.uses_predictor = dynamic_chunking     # the chunk is sized by the predicted iteration time
         self.core = NiyamaCore(
             self.blocks_to_hold, type(self).blocks_to_hold is _hold_whole_prompt, dynamic_chunking, chunk,
             min_chunk, max_chunk, pressure_chunk, pressure_fraction, slack_factor_checked, priority, alpha,

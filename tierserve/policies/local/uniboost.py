@@ -120,6 +120,7 @@ class UniBoostPolicy(PriorityLoopPolicy):
         self.k, self.delta, self.boost, self.tier_mode = k, delta, boost, tier_mode
         self.tier_offsets_s = tuple(float(x) for x in tier_offsets_s) if tier_offsets_s is not None else None
         self.tau = seconds_per_token
+        self.uses_predictor = seconds_per_token is None or self.memguard    # τ from the model; MemGuard's victims
         self.gamma_rule = gamma_rule
         self.ada_min_samples, self.ada_every, self.ada_period_s, self.ada_beta = (
             ada_min_samples, ada_every, float(ada_period_s), float(ada_beta))

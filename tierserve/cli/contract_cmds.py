@@ -1,0 +1,53 @@
+"""`tierserve reproduce contract`: the tierserve stack against every registered stack (issue 24)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from tierserve.core.files import shown
+
+
+def register(reproduce_app: typer.Typer) -> None:
+    @reproduce_app.command("contract")
+    def contract(quick: bool = typer.Option(False, "--quick", help="Short runs, one seed, three stacks: a smoke of "
+                                                                   "every section (under a minute), not evidence."),
+                 out: Path = typer.Option(Path("results/contract"), "--out", help="Folder for the report and JSON."),
+                 executor: str = typer.Option(None, "--executor", help="process | serial | ray (default: serial "
+                                                                       "with --quick, else process)"),
+                 sections: str = typer.Option(None, "--sections", help="Comma-separated subset of: default, "
+                                                                       "capacity, steady, ktier, reasoning, "
+                                                                       "qos_diurnal, ablation, sensitivity."),
+                 workers: int = typer.Option(2, "--workers", min=1, help="Process-pool size."),
+                 doc: Optional[Path] = typer.Option(None, "--doc", help="Also write the report here (the "
+                                                                        "repository's docs/results/contract.md)."),
+                 resume: bool = typer.Option(False, "--resume", help="Keep the sections an earlier run of the same "
+                                                                     "study saved under --out; run the rest.")
+                 ) -> None:
+        """The default scenario (burst), capacity on the default mix, steady loads ρ = 0.5…1.1, seed 000's tier
+        distributions, seed 001's reasoning mix, seed 003's QoS classes under a diurnal load, ablations and
+        sensitivity — every stack at equal GPUs, stability verdicts, mean ± 95% over seeds."""
+        from dataclasses import replace
+
+        from rich.console import Console
+
+        from tierserve.core import ConfigError
+        from tierserve.experiments.contract import SECTIONS, Study, run_study
+        study = Study.quick_study() if quick else Study()
+        if sections:
+            chosen = tuple(s.strip() for s in sections.split(",") if s.strip())
+            bad = [s for s in chosen if s not in SECTIONS]
+            if bad or not chosen:
+                raise ConfigError("--sections", sections, ", ".join(SECTIONS))
+            study = replace(study, sections=chosen)
+        study = replace(study, workers=workers)
+        console = Console(width=200)
+        t0 = time.perf_counter()
+        result = run_study(study, out, executor=executor or ("serial" if quick else "process"),
+                           log=lambda msg: console.print(msg, markup=False, highlight=False), doc=doc,
+                           resume=resume)
+        console.print(result["markdown"], markup=False, highlight=False)
+        console.print(f"wrote {shown(out)}/contract_report.md and contract_results.json"
+                      + (f", {shown(doc)}" if doc else "") + f" in {time.perf_counter() - t0:.1f} s")
