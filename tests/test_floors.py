@@ -1,6 +1,6 @@
 """The floors: every import in the package goes down (or sideways within a floor), never up, and no circle.
 
-    core < hardware < policies < sim < workload, metrics < experiments, report < cli;  engines: core, policies
+    core < hardware < policies < sim < workload, metrics < experiments, report, router < cli;  engines: core, policies
 
 Read from the sources: every `import` / `from … import`, at any depth of a module, lazy ones included (an
 import inside a function still goes up, and two modules that import each other only lazily are still one
@@ -14,7 +14,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "tierserve"
 
 FLOORS = {"core": 0, "hardware": 1, "policies": 2, "sim": 3, "workload": 4, "metrics": 4, "experiments": 5,
-          "report": 5, "cli": 6}
+          "report": 5, "router": 5, "cli": 6}     # router: a front for engines, driven by the CLI alone
 ENGINES_MAY_IMPORT = {"core", "policies"}
 # Top-level modules: the package's own machinery (the compiled path's switch, the entry point).
 TOP_LEVEL = {"__init__", "__main__", "_native"}
