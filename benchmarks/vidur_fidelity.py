@@ -138,7 +138,27 @@ def run(scheduler: str, run_dir, tolerance: float, tbt_tolerance: float) -> list
     print(f"decode iteration ms p10/p50/p90 — Vidur (its request_metrics): "
           f"{np.percentile(vidur_decode_iteration_ms(run_dir), [10, 50, 90]).round(1).tolist()}; "
           f"tierserve (token gaps < 50 ms): {np.percentile(ours_iter, [10, 50, 90]).round(1).tolist()}")
+    # like for like: both sides' per-request (E2E − TTFT) / (decodes − 1), mixed iterations included
+    n_out = table["output_tokens"].astype(float)
+    long = (n_out > 20) & ~np.isnan(table.ttlt_s)
+    ours_dec = 1000 * (table.ttlt_s[long] - table.ttft_s[long]) / (n_out[long] - 1)
+    vid_dec = vidur_e2e_decode_ms(run_dir)
+    print(f"per-request (E2E − TTFT)/(decodes − 1) ms p10/p50/p90 — Vidur: "
+          f"{np.percentile(vid_dec, [10, 50, 90]).round(1).tolist()}; tierserve: "
+          f"{np.percentile(ours_dec, [10, 50, 90]).round(1).tolist()}")
     return rows
+
+
+def vidur_e2e_decode_ms(run_dir) -> np.ndarray:
+    """Vidur's per-request (E2E − TTFT) / (decodes − 1) in ms, for requests of more than 20 decodes."""
+    path = str(run_dir / "request_metrics.csv")
+    per = []
+    for i, row in _rows(path):
+        n = parse_count(path, i, "request_num_decode_tokens", row["request_num_decode_tokens"])
+        if n > 20:
+            e2e = parse_number(path, i, "request_e2e_time", row["request_e2e_time"])
+            per.append(1000 * (e2e - parse_number(path, i, "prefill_e2e_time", row["prefill_e2e_time"])) / (n - 1))
+    return np.array(per)
 
 
 def main(argv: list[str] | None = None) -> int:
