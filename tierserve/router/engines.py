@@ -71,7 +71,7 @@ class EnginePool:
     def mark_down(self, view: EngineView, why: str) -> None:
         if view.ready:
             view.ready = False
-            log.warning("engine down", extra={"fields": {"engine": view.url, "reason": why}})
+            log.warning(f"engine down: {view.url}: {why}", extra={"fields": {"engine": view.url, "reason": why}})
             self.on_state(view, False, why)
 
     async def scrape(self, view: EngineView) -> None:
