@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
                             gap_s = (us[CHUNKS.index(2048)] - us[CHUNKS.index(512)]) * 1e-6
                             now_ms = DEFAULT_ITERATION_OVERHEAD_MS if oh is None else oh
                             need_ms = now_ms + gap_s / (1 / 512 - 1 / 2048) * 1e3
-                            failures.append((m.name, g.name, tp, ratio - 1, need_ms))
+                            lin = [em.breakdown(c, 0, 0, 0)["token_linear"] / c * 1e6 for c in (512, 2048)]
+                            failures.append((m.name, g.name, tp, ratio - 1, need_ms, lin))
     real = real_sarathi()
     if real is None:
         print("\nshared/data/real_gpu absent: real Sarathi-Serve numbers not shown")
@@ -123,15 +124,20 @@ def main(argv: list[str] | None = None) -> int:
         for b, ms in dec:
             print(f"{b:15d} {ms:14.2f} {em.iteration_time(0, 0.0, b, b * 1021) * 1e3:10.2f} "
                   f"{cal.iteration_time(0, 0.0, b, b * 1021) * 1e3:11.2f}")
+        for label, model in (("physical", em), ("calibrated", cal)):
+            chunked = sum(model.iteration_time(2048, prefill_attention_pairs(2048, c), 0, 0) for c in range(0, 16384, 2048))
+            whole = model.iteration_time(16384, prefill_attention_pairs(16384, 0), 0, 0)
+            print(f"16,384-token prompt in 2,048-token chunks / in one chunk, {label}: {chunked / whole:.3f}")
         r = dict(pre)
         print(f"real 512 vs 2048 per token: {r[512] / r[2048] - 1:+.1%} (512 dearer); "
               "`tierserve calibrate --iterations` on these points fits the engine's own overhead")
     print(f"\nVerdict (physical mode, context 0): per-token cost at 512 ≥ at 2,048 in {rows - len(failures)} of "
           f"{rows} model/GPU configurations")
-    for name, gpu, tp, diff, need in failures:
+    for name, gpu, tp, diff, need, lin in failures:
         print(f"  NOT for {name}/{gpu}/tp{tp}: 512 is {-diff:.1%} cheaper; 512 ≥ 2048 from a per-iteration overhead "
-              f"of {need:.2f} ms (causal attention at context 0 does 4x the work per token at 2,048, and the "
-              "profiled GEMMs are as efficient at 512)")
+              f"of {need:.2f} ms. Linear layers (the profile fit, which passes through every profiled count) cost "
+              f"{lin[0]:.1f} µs per token at 512 and {lin[1]:.1f} at 2,048, and causal attention at context 0 does "
+              "4x the work per token at 2,048: the profile measures 512-token GEMMs this efficient")
     return 0 if not failures else 1
 
 

@@ -58,6 +58,46 @@ def compare(path=None) -> list[dict]:
     return out
 
 
+def profile_agreement() -> list[tuple[str, int, float, float, float]]:
+    """(model/GPU, TP, profiled counts, worst |fit/profile − 1| of the linear layers (GEMMs + elementwise) over
+    every profiled token count, the error at 128 tokens) for each committed profile fit whose mlp.csv is here."""
+    import numpy as np
+
+    from tierserve.hardware.roofline import ELEMENTWISE_OPS, GEMM_OPS
+    from tierserve.hardware.specs import get_gpu, get_model
+    out = []
+    store = load_store()
+    for gname, by_model in sorted(store.layers.items()):
+        g = get_gpu(gname)
+        for mname, fits in sorted(by_model.items()):
+            m = get_model(mname)
+            d = shared_data("vidur", "profiling", "compute", g.profile_dir or "", *(m.profile_dir or "").split("/"))
+            if d is None or not (d / "mlp.csv").is_file():
+                continue
+            with open(d / "mlp.csv", newline="") as f:
+                rows = list(csv.DictReader(f))
+            for tp, lf in sorted(fits.items()):
+                sel = [r for r in rows if int(float(r["num_tensor_parallel_workers"])) == tp]
+                t = np.array([float(r["num_tokens"]) for r in sel])
+                prof = sum(np.array([float(r[f"time_stats.{o}.median"]) for r in sel]) for o in GEMM_OPS + ELEMENTWISE_OPS)
+                fit = (sum(lf.gemm[o].ms(m, g, tp, o, t) for o in GEMM_OPS)
+                       + sum(lf.elementwise[o].ms(t) for o in ELEMENTWISE_OPS))
+                err = fit / prof - 1
+                at128 = float(err[t == 128][0]) if (t == 128).any() else float("nan")
+                out.append((f"{mname}/{gname}", tp, len(set(t.tolist())), float(np.abs(err).max()), at128))
+    return out
+
+
+def print_profile_agreement() -> None:
+    rows = profile_agreement()
+    if not rows:
+        return
+    print("\nlinear layers (GEMMs + elementwise) of the committed fit against their Vidur profile, every profiled count:")
+    print(f"  {'model/GPU':28s} {'TP':>3s} {'counts':>6s} {'worst %':>8s} {'at 128 %':>9s}")
+    for name, tp, n, worst, at128 in rows:
+        print(f"  {name:28s} {tp:3d} {n:6d} {worst * 100:8.2f} {at128 * 100:+9.2f}")
+
+
 def explain(row: dict) -> str:
     """Why a shape differs by more than EXPLAIN_ABOVE_PCT."""
     if row["p"] and row["kv_save_ms"] > 0.01 * row["p"]:
@@ -93,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                     "the profiled 1-token medians" if r["b"] <= 8 and not r["p"] else
                     "KV-write/attention terms where Vidur's partial-extract predictions are flagged")
             print(f"  - {r['shape']}: {r['err_pct']:+.1f}% — {r['notes']}; {ours}")
+    print_profile_agreement()
     store = load_store()
     summ = store.meta.get("fit_error_pct", {})
     if summ:

@@ -195,6 +195,19 @@ def test_adaptive_headroom_moves_budgets_and_finishes_everything(loaded_requests
     res, tab = run("llumnix_k_adaptive", loaded_requests, 3)
     assert tab.finished.all()
     assert res.stats["migrations_live_committed"] + res.stats["migrations_queued"] > 0
+    # the budgets themselves: a tier missing its TTFT target grows its multiplier, one meeting it shrinks
+    from tierserve.core import SLO
+    pol = LlumnixKAdaptive(num_tiers=3, gain=0.25, smoothing=1.0)
+    before = list(pol.scales)
+    for rid in range(20):
+        tier = 0 if rid < 10 else 2
+        st = RequestState(Request(rid, 0.0, 160, 50, tier=tier, slo=SLO(ttft_s=1.0, attainment=0.9)))
+        st.first_token_s = 3.0 if tier == 0 else 0.5            # tier 0 misses by 2 s, tier 2 meets
+        pol._pending.append(st)
+    pol.adapt(4.0)
+    assert pol.scales[0] == pytest.approx(min(before[0] * 1.25, pol._s_max[0]))
+    assert pol.scales[0] > before[0] and pol.scales[2] == pytest.approx(before[2] * (1 - 0.125))
+    assert pol.history and pol.history[-1] == (4.0, pol.scales)
 
 
 def test_adaptive_promotes_long_waiting_requests():

@@ -19,13 +19,17 @@ def ktier(quick: bool = typer.Option(False, "--quick", help="Same regimes, small
           executor: str = typer.Option("process", "--executor", help="process | serial | ray"),
           seeds: int = typer.Option(3, "--seeds", min=3, help="Seeds per point (≥ 3: intervals need them)."),
           replicas: int = typer.Option(None, "--replicas", help="Override the study's replica count."),
-          requests: int = typer.Option(None, "--requests", help="Override requests per run.")) -> None:
+          requests: int = typer.Option(None, "--requests", help="Override the first length of every run (requests)."),
+          standard: bool = typer.Option(False, "--standard", help="The main setup without the sensitivity "
+                                        "repeats and with fewer K and loads (what docs/results/ktier.md shows)."),
+          doc: Path = typer.Option(None, "--doc", help="Also write the report into this Markdown document, as its "
+                                   "section for this size (quick | standard | full), replacing that section.")) -> None:
     """Capacity per stack and class, attainment vs ρ, an overload episode, GPUs needed, sensitivity rows and the
     seed's own table (labelled), with stability verdicts and 95% intervals over seeds."""
     from dataclasses import replace
 
     from tierserve.experiments.ktier import Study, run_study
-    study = Study.quick() if quick else Study()
+    study = Study.quick() if quick else Study.standard() if standard else Study()
     study = replace(study, seeds=tuple(range(seeds)))
     if replicas is not None:
         study = replace(study, setup=replace(study.setup, num_replicas=replicas))
@@ -35,6 +39,11 @@ def ktier(quick: bool = typer.Option(False, "--quick", help="Same regimes, small
     t0 = time.perf_counter()
     result = run_study(study, out, executor=executor)
     console.print(result["markdown"], markup=False, highlight=False)
+    if doc is not None:
+        from tierserve.experiments.results_doc import write_section
+        size = "quick" if quick else "standard" if standard else "full"
+        write_section(doc, f"ktier {size}", result["markdown"], "K-tier study results")
+        console.print(f"wrote its section 'ktier {size}' of {shown(doc)}")
     console.print(f"wrote {shown(out)}/ktier_report.md, ktier_*.csv, ktier_meta.json and {len(result['plots'])} plots "
                   f"in {time.perf_counter() - t0:.1f} s")
 

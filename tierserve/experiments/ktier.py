@@ -34,11 +34,9 @@ fails.
 """
 from __future__ import annotations
 
-import csv
-import json
 import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -169,9 +167,10 @@ class RunSetup:
     max_num_seqs: int = 256
     exec_mode: str = "physical"
     bandwidth_gbytes_s: float = 1.0
-    num_requests: int = 1000
+    num_requests: int = 2000          # a run's first length; doubled while its work verdict is undecided
+    max_requests: int = 16000         # ... up to this (the run length is chosen by the verdict)
     max_total_tokens: int = 4096
-    drop_fraction: float = 0.1
+    drop_fraction: float | None = None   # None: statistics from the warm-up's end the verdict found
     time_limit_factor: float = 3.0    # stop at this × the arrival span (+60 s); the rest is censored
 
     @property
@@ -227,8 +226,18 @@ def cluster_config(stack: Stack, setup: RunSetup, time_limit_s: float | None):
         migration_params={"bandwidth_gbytes_s": setup.bandwidth_gbytes_s}, time_limit_s=time_limit_s)
 
 
-def run_point(stack: Stack, setup: RunSetup, arrival: Arrival, rate: float, seed: int):
-    """One seed at one rate → `SteadyRun` judged per class, with run-level counters in `summary.extras`."""
+def run_length_of(setup: RunSetup, arrival: Arrival):
+    """The sequential run lengths of a setup (None for the overload episode, whose length is its profile's)."""
+    from tierserve.experiments.capacity import RunLength
+    return None if arrival.kind == "overload" else RunLength(setup.num_requests, setup.max_requests)
+
+
+def run_point(stack: Stack, setup: RunSetup, arrival: Arrival, rate: float, seed: int,
+              num_requests: int | None = None):
+    """One seed at one rate (`num_requests` long, else the setup's first length) → `SteadyRun` with the work
+    verdict and run-level counters in `summary.extras`."""
+    if num_requests is not None:
+        setup = replace(setup, num_requests=int(num_requests))
     from tierserve.metrics import RequestTable
     from tierserve.metrics.stability import steady_run
     from tierserve.sim import simulate
@@ -302,8 +311,14 @@ class PointRunner:
     setup: RunSetup
     arrival: Arrival = POISSON
 
-    def __call__(self, rate: float, seed: int):
-        return run_point(self.stack, self.setup, self.arrival, rate, seed)
+    def __call__(self, rate: float, seed: int, num_requests: int | None = None):
+        return run_point(self.stack, self.setup, self.arrival, rate, seed, num_requests)
+
+
+def judged_point(stack: Stack, setup: RunSetup, arrival: Arrival, rate: float, seed: int):
+    """One seed at one rate, lengthened while its verdict is undecided (`run_length_of`)."""
+    from tierserve.experiments.capacity import judged_run
+    return judged_run(PointRunner(stack, setup, arrival), rate, seed, run_length_of(setup, arrival))
 
 
 @dataclass
@@ -330,6 +345,8 @@ class CapacityRow:
     downtime_p99_ms: float = math.nan
     migrations_live: float = math.nan
     migrations_queued: float = math.nan
+    fails_at: float = math.inf         # lowest failing rate probed above the capacity (the interval's top)
+    lengths: tuple[int, int] = (0, 0)  # shortest and longest run the verdicts chose (requests)
 
 
 def verdict_of(runs) -> str:
@@ -365,7 +382,8 @@ def capacity_job(group: str, stack: Stack, setup: RunSetup, arrival: Arrival, lo
     """A worker: one stack's capacity search (serial inside; stacks run in parallel)."""
     from tierserve.experiments.capacity import find_capacity
     t0 = time.perf_counter()
-    cap = find_capacity(PointRunner(stack, setup, arrival), lo, hi, seeds, rel_tol)
+    cap = find_capacity(PointRunner(stack, setup, arrival), lo, hi, seeds, rel_tol,
+                        run_length=run_length_of(setup, arrival))
     rates = sorted(cap.runs)
     at = cap.runs.get(cap.rate) if cap.stack.feasible else None
     above = [r for r in rates if r > cap.rate] if cap.stack.feasible else rates[:1]
@@ -382,7 +400,8 @@ def capacity_job(group: str, stack: Stack, setup: RunSetup, arrival: Arrival, lo
         wall_s=time.perf_counter() - t0,
         downtime_p99_ms=1e3 * float(np.mean([r.summary.extras["migration_downtime_p99_s"] for r in mig])),
         migrations_live=float(np.mean([r.summary.extras["migrations_live_committed"] for r in mig])),
-        migrations_queued=float(np.mean([r.summary.extras["migrations_queued"] for r in mig])))
+        migrations_queued=float(np.mean([r.summary.extras["migrations_queued"] for r in mig])),
+        fails_at=cap.interval[1], lengths=cap.lengths)
 
 
 def gpus_job(label: str, stack: Stack, setup: RunSetup, rate: float, start: int, max_n: int,
@@ -393,7 +412,7 @@ def gpus_job(label: str, stack: Stack, setup: RunSetup, rate: float, start: int,
     def check(n: int) -> bool:
         if n not in checked:
             s = replace(setup, num_replicas=n)
-            runs = [run_point(stack, s, POISSON, rate, sd) for sd in seeds]
+            runs = [judged_point(stack, s, POISSON, rate, sd) for sd in seeds]
             ok, why = passes_every_slo(runs)
             checked[n] = (ok, why, verdict_of(runs))
         return checked[n][0]
@@ -415,7 +434,7 @@ def gpus_job(label: str, stack: Stack, setup: RunSetup, rate: float, start: int,
 def point_job(tag: str, stack: Stack, setup: RunSetup, arrival: Arrival, rate: float, seed: int,
               rho: float, rho_of: str) -> dict[str, Any]:
     """One seed at one load; `rho_of` names the arrival process whose baseline capacity ρ is relative to."""
-    run = run_point(stack, setup, arrival, rate, seed)
+    run = judged_point(stack, setup, arrival, rate, seed)
     return {"tag": tag, "stack": stack, "setup": setup, "arrival": arrival, "rate": rate, "rho": rho,
             "rho_of": rho_of, "seed": seed, "run": run}
 
@@ -476,12 +495,21 @@ class Study:
 
     @classmethod
     def quick(cls) -> Study:
-        return cls(setup=RunSetup(num_replicas=2, num_requests=300), rel_tol=0.15, ladder_k=3,
+        return cls(setup=RunSetup(num_replicas=2, num_requests=400, max_requests=1600), rel_tol=0.15, ladder_k=3,
                    controls=("fcfs", "local_prio", "llumnix_k"), ks=(1, 3), adaptive_ks=(3,), rhos=(0.6, 2.0),
                    bursty_rhos=(2.0,), bursty_arrivals=(Arrival("gamma", 4.0),), bursty_stacks=("fcfs", "llumnix_k"),
                    baseline_bracket_per_replica=(1.0, 10.0), bracket=(0.6, 1.8),
                    overload=Arrival("overload", pre_s=30.0, burst_s=15.0, post_s=60.0, warm_s=5.0),
                    sensitivity=False, two_level=True, two_level_rhos=(0.6,), seed_requests=(300,), seed_ks=(3,), seed_replicas=2)
+
+    @classmethod
+    def standard(cls) -> Study:
+        """The main setup on 4 replicas, every control, K ∈ {1, 2, 4, 10} and four loads, without the
+        sensitivity repeats and with one bursty arrival process; runs from 1,000 requests: what fits a shared 2-core machine in about an hour."""
+        return cls(setup=RunSetup(num_requests=1000, max_requests=8000),
+                   ks=(1, 2, 4, 10), adaptive_ks=(4,), rhos=(0.5, 0.8, 1.0, 1.1), bursty_rhos=(0.8,),
+                   bursty_arrivals=(Arrival("gamma", 4.0),), bursty_stacks=("fcfs", "llumnix_k"),
+                   sensitivity=False, seed_requests=(2000,))
 
     def variants(self) -> dict[str, RunSetup]:
         """Sensitivity setups (label → setup); '' is the main one."""
@@ -600,10 +628,15 @@ def run_study(study: Study, out: Path, executor: str = "process", progress: bool
                                    rate=study.overload_rho * c_base, seed=sd, rho=study.overload_rho,
                                    rho_of=POISSON.label))
 
-    gpu_rate = study.gpus_factor * c_base
-    gpu_start = int(math.ceil(study.gpus_factor * s0.num_replicas))
-    gpu_jobs = [dict(label=st.label, stack=st, setup=s0, rate=gpu_rate, start=gpu_start,
-                     max_n=2 * gpu_start, seeds=seeds) for st in ladder]
+    # GPUs needed at 1× and gpus_factor× the baseline's capacity: the cost must grow at most linearly in load
+    gpu_jobs = [dict(label=st.label, stack=st, setup=s0, rate=f * c_base, start=int(math.ceil(f * s0.num_replicas)),
+                     max_n=2 * int(math.ceil(f * s0.num_replicas)) + 2, seeds=seeds)
+                for f in (1.0, study.gpus_factor) for st in ladder]
+    # the baseline's capacity again with every run twice as long: it must fall in the first one's interval
+    longer = replace(s0, num_requests=2 * s0.num_requests, max_requests=2 * s0.max_requests)
+    lo2, hi2 = bracket(s0, POISSON)
+    cap_jobs.append(dict(group="run length ×2", stack=_baseline(k), setup=longer, arrival=POISSON, lo=lo2, hi=hi2,
+                         seeds=seeds, rel_tol=tol))
 
     seed_jobs = []
     for n in study.seed_requests:
@@ -625,365 +658,9 @@ def run_study(study: Study, out: Path, executor: str = "process", progress: bool
     seed_rows = [r for (t, _, _), r in zip(tagged, results) if t == "seed"]
     points = [r for (t, _, _), r in zip(tagged, results) if t == "point"]
     wall_s = time.perf_counter() - t0
+    from tierserve.experiments.ktier_report import write_report
     return write_report(study, out, caps, points, gpus, seed_rows, base_cap, wall_s)
 
 
 def _call(fn, job):
     return fn(**job)
-
-
-# ---- tables ---------------------------------------------------------------------------------------------
-def _ci(values: Sequence[float]):
-    from tierserve.metrics.stability import mean_ci95
-    return mean_ci95(values)
-
-
-def _fmt_ci(iv, digits: int = 3) -> str:
-    if not math.isfinite(iv.mean):
-        return "—"
-    if not math.isfinite(iv.half_width):
-        return f"{iv.mean:.{digits}f}"
-    return f"{iv.mean:.{digits}f} ± {iv.half_width:.{digits}f}"
-
-
-def _fmt(x: Any, digits: int = 2) -> str:
-    if x is None:
-        return "—"
-    if isinstance(x, float):
-        if math.isnan(x):
-            return "—"
-        if math.isinf(x):
-            return "∞"
-        return f"{x:.{digits}f}"
-    return str(x)
-
-
-def stack_name(st: Stack) -> str:
-    return f"{st.label} (K={st.k})"
-
-
-def capacity_table(caps: list[CapacityRow], c_base: dict) -> list[dict[str, Any]]:
-    rows = []
-    for r in caps:
-        base = c_base.get(_cap_key(r.setup, r.arrival), math.nan)
-        row = {"group": r.group, "stack": stack_name(r.stack), "local": r.stack.local_policy,
-               "cluster": r.stack.cluster_policy, "K": r.stack.k, "arrival": r.arrival.label,
-               "setup": r.setup.label, "capacity_rps": r.rate, "saturated": r.saturated,
-               "capacity_x_baseline": r.rate / base if base > 0 else math.nan,
-               "per_replica_rps": r.rate / r.setup.num_replicas, "stable_only_rps": r.stable_rate}
-        for c in CLASS_NAMES:
-            row[f"{c}_rps"] = r.class_rates.get(c, math.nan)
-        row.update({"verdict_at_capacity": r.verdict_at_capacity, "fails_above": r.fails_above,
-                    "live_migrations": r.migrations_live, "queued_migrations": r.migrations_queued,
-                    "downtime_p99_ms": r.downtime_p99_ms, "probes": r.probes, "lo": r.lo, "hi": r.hi,
-                    "seeds": len(r.seeds), "rel_tol": r.rel_tol})
-        rows.append(row)
-    return rows
-
-
-def rho_table(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    groups: dict[tuple, list[dict[str, Any]]] = {}
-    for p in points:
-        if p["tag"] == "rho":
-            groups.setdefault((p["arrival"].label, p["stack"].label, p["stack"].k, p["rho"]), []).append(p)
-    rows = []
-    for (arr, lab, kk, rho), ps in groups.items():
-        runs = [p["run"] for p in ps]
-        row: dict[str, Any] = {"arrival": arr, "stack": f"{lab} (K={kk})", "rho": rho,
-                               "rho_of": f"fcfs capacity under {ps[0]['rho_of']}", "rate_rps": ps[0]["rate"],
-                               "seeds": len(runs), "verdict": verdict_of(runs)}
-        row["all_attainment"] = _ci([r.summary.all.slo_attainment for r in runs])
-        for c in CLASS_NAMES:
-            row[f"{c}_attainment"] = _ci([r.summary.tiers[c].slo_attainment for r in runs])
-        row["classes_meeting_goal"] = _ci([sum(t.slo_attainment >= t.attainment_goal for t in r.summary.per_tier)
-                                           for r in runs])
-        row["c0_ttft_p99_s"] = _ci([r.summary.tiers["c0"].ttft.p99 for r in runs])
-        for c in (0, 4, 9):
-            row[f"c{c}_ttft_p50_s"] = _ci([r.summary.tiers[f"c{c}"].ttft.p50 for r in runs])
-        st = ps[0]["stack"]
-        aware = st.k > 1 and (st.local_policy, st.cluster_policy) != ("vllm", "infaas")
-        # priority inversion: c0 (always in the top tier) waits over twice as long at the median as c9 (always the
-        # bottom tier); "twice" so that equal medians at light load, which differ by noise, do not count
-        row["inversion"] = aware and row["c0_ttft_p50_s"].mean > 2.0 * row["c9_ttft_p50_s"].mean
-        ex = [r.summary.extras for r in runs]
-        row["live_migrations"] = _ci([e["migrations_live_committed"] for e in ex])
-        row["queued_migrations"] = _ci([e["migrations_queued"] for e in ex])
-        row["downtime_p99_ms"] = _ci([1e3 * e["migration_downtime_p99_s"] for e in ex])
-        row["preemptions"] = _ci([e["preemptions"] for e in ex])
-        rows.append(row)
-    rows.sort(key=lambda r: (r["arrival"] != "poisson", r["arrival"], r["stack"], r["rho"]))
-    return rows
-
-
-def overload_table(points: list[dict[str, Any]], arrival: Arrival) -> list[dict[str, Any]]:
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for p in points:
-        if p["tag"] == "overload":
-            groups.setdefault(stack_name(p["stack"]), []).append(p)
-    rows = []
-    for name, ps in groups.items():
-        runs = [p["run"] for p in ps]
-        eps = [r.summary.extras["episode"] for r in runs]
-        row: dict[str, Any] = {"stack": name, "base_rho": ps[0]["rho"], "base_rate_rps": ps[0]["rate"],
-                               "seeds": len(runs), "verdict": verdict_of(runs)}
-        row["c0_pre_attainment"] = _ci([e["pre_attainment"][0] for e in eps])
-        for c in range(NUM_CLASSES):
-            row[f"c{c}_burst_attainment"] = _ci([e["burst_attainment"][c] for e in eps])
-        for c in range(1, NUM_CLASSES):
-            rec = [recovery_s(e, c) for e in eps]
-            fin = [x for x in rec if math.isfinite(x)]
-            row[f"c{c}_recovery_s"] = _ci(fin) if len(fin) == len(rec) else None
-            row[f"c{c}_not_recovered"] = len(rec) - len(fin)
-        rows.append(row)
-    return rows
-
-
-def _cell(v: Any) -> str:
-    from tierserve.metrics.stability import Interval
-    if isinstance(v, Interval):
-        return _fmt_ci(v, 2 if abs(v.mean) >= 10 else 3)
-    if isinstance(v, bool):
-        return "yes" if v else ""
-    if isinstance(v, float):
-        return _fmt(v, 3 if abs(v) < 10 else 1)
-    return _fmt(v)
-
-
-def md_table(rows: list[dict[str, Any]], cols: list[str], headers: list[str] | None = None) -> str:
-    lines = ["| " + " | ".join(headers or cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        lines.append("| " + " | ".join(_cell(r.get(c)) for c in cols) + " |")
-    return "\n".join(lines)
-
-
-def _csv_value(v: Any) -> Any:
-    from tierserve.metrics.stability import Interval
-    if isinstance(v, Interval):
-        return v.mean
-    return v
-
-
-def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    """Intervals become two columns: the mean and `<name>_ci95` (the half-width)."""
-    from tierserve.metrics.stability import Interval
-    if not rows:
-        path.write_text("")
-        return
-    cols: list[str] = []
-    for c in rows[0]:
-        cols.append(c)
-        if isinstance(rows[0][c], Interval):
-            cols.append(f"{c}_ci95")
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        for r in rows:
-            d = {}
-            for c, v in r.items():
-                d[c] = _csv_value(v)
-                if isinstance(v, Interval):
-                    d[f"{c}_ci95"] = v.half_width
-            w.writerow(d)
-
-
-def seed_table(seed_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    base = {r["requests"]: r for r in seed_rows if r["system"] == "baseline"}
-    out = []
-    for r in seed_rows:
-        b = base[r["requests"]]
-
-        def x(m: str) -> float:
-            return b[m] / r[m] if r[m] > 0 else math.nan
-        gain = 1.0 - (r["gpu_s"] * r["e2e_mean"]) / (b["gpu_s"] * b["e2e_mean"])
-        seed = SEED_TABLE.get((r["requests"], r["K"])) if r["system"] == "llumnix_k" else None
-        out.append({"system": r["system"], "K": r["K"], "requests": r["requests"],
-                    "prefill_p99_x": x("ttft_p99"), "seed_prefill_p99_x": seed[0] if seed else None,
-                    "prefill_mean_x": x("ttft_mean"), "seed_prefill_mean_x": seed[1] if seed else None,
-                    "e2e_p99_x": x("e2e_p99"), "seed_e2e_p99_x": seed[2] if seed else None,
-                    "e2e_mean_x": x("e2e_mean"), "seed_e2e_mean_x": seed[3] if seed else None,
-                    "cost_latency_gain": gain, "seed_cost_latency_gain": seed[4] if seed else None,
-                    "ttft_mean_s": r["ttft_mean"], "finished": r["finished"], "censored": r["censored"]})
-    return out
-
-
-def ktier_vs_local(caps: list[CapacityRow], ladder_k: int) -> list[dict[str, Any]]:
-    """Every stack with global (llumnix) dispatch against local priority alone (infaas + vllm_priority) in the
-    same setup and arrival process, at the same K where that was measured, else at the controls' K."""
-    def key(setup: RunSetup) -> RunSetup:
-        return replace(setup, bandwidth_gbytes_s=1.0)     # without migration, bandwidth changes nothing
-    ref = {(key(r.setup), r.arrival, r.stack.k): r for r in caps if r.stack.label == "local_prio"}
-    out = []
-    for r in caps:
-        if r.stack.cluster_policy == "infaas":
-            continue
-        lp = ref.get((key(r.setup), r.arrival, r.stack.k)) or ref.get((key(r.setup), r.arrival, ladder_k))
-        if lp is None:
-            continue
-        out.append({"setup": r.setup.label, "arrival": r.arrival.label, "stack": stack_name(r.stack),
-                    "capacity_rps": r.rate, "local_prio": stack_name(lp.stack), "local_prio_rps": lp.rate,
-                    "gain_x": r.rate / lp.rate if lp.rate > 0 else math.nan,
-                    "note": " / ".join(n for n, sat in (("stack ≥ (top passed)", r.saturated),
-                                                        ("local ≥ (top passed)", lp.saturated)) if sat),
-                    "verdict_at_capacity": r.verdict_at_capacity})
-    return out
-
-
-def plots(study: Study, rho_rows: list[dict[str, Any]], caps: list[CapacityRow], out: Path) -> list[Path]:
-    from tierserve.report.plots import _pyplot, _save
-    plt = _pyplot()
-    paths = []
-    for arr in sorted({r["arrival"] for r in rho_rows}):
-        fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-        for stack in sorted({r["stack"] for r in rho_rows if r["arrival"] == arr}):
-            sel = sorted((r for r in rho_rows if r["arrival"] == arr and r["stack"] == stack), key=lambda r: r["rho"])
-            xs = [r["rho"] for r in sel]
-            for ax, col in zip(axes, ("c0_attainment", "c9_attainment", "classes_meeting_goal")):
-                ys = [r[col].mean for r in sel]
-                es = [r[col].half_width if math.isfinite(r[col].half_width) else 0.0 for r in sel]
-                ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=stack)
-        titles = ("c0 (TTFT ≤ 0.5 s) attainment", f"c9 (TTFT ≤ {ladder_ttft_s(9):.1f} s) attainment",
-                  f"classes meeting the {ATTAINMENT_GOAL:.0%} goal (of 10)")
-        for ax, t in zip(axes, titles):
-            ax.set_xlabel("ρ = rate / FCFS baseline capacity")
-            ax.set_title(t, fontsize=9)
-            ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=7)
-        fig.suptitle(f"Attainment vs load, {arr} arrivals (mean ± 95% over seeds)", fontsize=10)
-        paths.append(_save(fig, out / f"attainment_vs_rho_{arr}.png"))
-    main = [r for r in caps if r.setup == study.setup and r.arrival == POISSON]
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for lab in ("llumnix_k", "adaptive"):
-        sel = sorted((r for r in main if r.stack.label == lab and r.group in ("K sweep", "controls")),
-                     key=lambda r: r.stack.k)
-        if sel:
-            ax.plot([r.stack.k for r in sel], [r.rate for r in sel], marker="o", label=lab)
-    for r in main:
-        if r.stack.label in ("fcfs", "local_prio") and r.stack.k == study.ladder_k:
-            ax.axhline(r.rate, linestyle="--", linewidth=1, color="grey" if r.stack.label == "fcfs" else "black",
-                       label=f"{r.stack.label} (K={r.stack.k})")
-    ax.set_xlabel("K (tiers the scheduler sees)")
-    ax.set_ylabel("capacity (req/s, every class meets its goal)")
-    ax.set_title(f"Capacity vs K (±{study.rel_tol:.0%} bisection), {study.setup.num_replicas} replicas", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    paths.append(_save(fig, out / "capacity_vs_k.png"))
-    return paths
-
-
-def write_report(study: Study, out: Path, caps: list[CapacityRow], points: list[dict[str, Any]],
-                 gpus: list[dict[str, Any]], seed_rows: list[dict[str, Any]], base_cap: dict,
-                 wall_s: float) -> dict[str, Any]:
-    s0 = study.setup
-    cap_rows = capacity_table(caps, base_cap)
-    rho_rows = rho_table(points)
-    over_rows = overload_table(points, study.overload)
-    vs_local = ktier_vs_local(caps, study.ladder_k)
-    seed_rows_t = seed_table(seed_rows)
-    gpu_rows = [{"stack": stack_name(g["stack"]), "rate_rps": g["rate"], "gpus_needed": g["gpus"],
-                 "checked": "; ".join(f"N={n}: {'pass' if v['passes'] else 'fail'} ({v['verdict']}"
-                                      + (f"; {v['why']}" if v["why"] else "") + ")" for n, v in g["checked"].items())}
-                for g in gpus]
-    write_csv(cap_rows, out / "ktier_capacity.csv")
-    write_csv(rho_rows, out / "ktier_rho.csv")
-    write_csv(over_rows, out / "ktier_overload.csv")
-    write_csv(vs_local, out / "ktier_vs_local_priority.csv")
-    write_csv(gpu_rows, out / "ktier_gpus.csv")
-    write_csv(seed_rows_t, out / "ktier_seed_table.csv")
-    pngs = plots(study, rho_rows, caps, out)
-    c_base = base_cap[_cap_key(s0, POISSON)]
-    md = markdown(study, cap_rows, rho_rows, over_rows, vs_local, gpu_rows, seed_rows_t, c_base, wall_s)
-    (out / "ktier_report.md").write_text(md)
-    meta = {"study": _jsonable(asdict(study)), "wall_s": wall_s, "baseline_capacity_rps": c_base,
-            "ladder_ttft_s": [ladder_ttft_s(c) for c in range(NUM_CLASSES)], "attainment_goal": ATTAINMENT_GOAL,
-            "recovery": {"window_s": RECOVERY_WINDOW_S, "tolerance": RECOVERY_TOLERANCE}}
-    (out / "ktier_meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
-    return {"capacity": cap_rows, "rho": rho_rows, "overload": over_rows, "vs_local": vs_local, "gpus": gpu_rows,
-            "seed_table": seed_rows_t, "markdown": md, "plots": pngs, "baseline_capacity_rps": c_base,
-            "wall_s": wall_s}
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    return x
-
-
-def markdown(study: Study, cap_rows, rho_rows, over_rows, vs_local, gpu_rows, seed_rows, c_base: float,
-             wall_s: float) -> str:
-    s0 = study.setup
-    ladder = ", ".join(f"{c} {ladder_ttft_s(i):.2f} s" for i, c in enumerate(CLASS_NAMES))
-    L = [f"# K-tier study (seed 000), capacity-normalised", "",
-         f"Setup: {s0.num_replicas} × {s0.model}/{s0.gpu} replicas, vLLM v1 batch shape (token budget "
-         f"{s0.token_budget}, {s0.max_num_seqs} sequences) for every stack, exec model `{s0.exec_mode}`, migration "
-         f"{s0.bandwidth_gbytes_s:g} GB/s; {s0.num_requests} requests per run (Azure-2023 conversation lengths clipped "
-         f"to {s0.max_total_tokens} tokens), seeds {list(study.seeds)}.",
-         f"SLO ladder (fixed for every K): ten classes, 10% each, TTFT targets {ladder}; goal {ATTAINMENT_GOAL:.0%} "
-         f"per class. A K-tier scheduler sees class c as tier ⌊c·K/10⌋.",
-         f"Statistics: steady-state window (first and last {s0.drop_fraction:.0%} of arrivals dropped); mean ± 95% "
-         f"Student-t half-width over seeds. Verdict: seeds whose every queue (each class and all) is stable, by the "
-         f"queue-trend rule; listed entries are unstable in some seed.",
-         f"Capacity: bisection over rate to ±{study.rel_tol:.0%} with common random numbers (capacity rule in "
-         f"`tierserve.experiments.capacity`). Baseline `fcfs` (INFaaS + vLLM FCFS) capacity under Poisson arrivals: "
-         f"**{c_base:.2f} req/s** ({c_base / s0.num_replicas:.2f} per replica); ρ = rate / the baseline's capacity "
-         f"under the same arrival process.",
-         f"Wall time of this command: {wall_s:.0f} s.", ""]
-    inv50 = [r for r in rho_rows if r["stack"].startswith("llumnix_50pct")]
-    inv_rhos = ", ".join(f"{r['rho']:g}" for r in inv50 if r["inversion"])
-    inv_note = ("**a priority inversion here**: its top tier (c0) waits over twice as long at the median as its bottom "
-                "tier "
-                f"(c9) at ρ = {inv_rhos}"
-                if any(r["inversion"] for r in inv50) else
-                "no inversion measured here (c0's median TTFT is never twice c9's at the loads run)" if inv50 else
-                "not run in the load sweep")
-    L += ["## Stacks", "",
-          "- `fcfs`: INFaaS-style dispatch — each request to the instance with the least committed KV (held blocks + "
-          "prompt blocks of everything queued) among those whose free blocks fit its prompt, else the least loaded; "
-          "no priority, no migration — on vLLM v1 FCFS replicas. The baseline.",
-          "- `local_prio`: the same dispatch on vLLM v1 priority replicas (priority = tier).",
-          "- `headroom`: `llumnix_k` dispatch (freeness with per-tier headroom H_p = 0.2·M·3^−p, strict tier order) "
-          "with migration and the global hold off, on FCFS replicas; `both`: the same on priority replicas; "
-          "`+migration`: live migration on; `+hold`: requests held in the global queue while every instance is "
-          "busy; `llumnix_k`: the seed's full system (all of that, llumlet replicas = priority with running "
-          "requests also served in tier order); `adaptive`: `llumnix_k_adaptive` (SLO-driven budgets, promotion "
-          "after 5 s, never into tier 0).",
-          "- `llumnix_10pct`: Llumnix's two-level policy (flat M − 100-block headroom for its high level) with c0 "
-          "(10% of traffic) high — Llumnix's own priority ratio. `llumnix_50pct`: c0–c4 (50%) high — "
-          f"{inv_note}.", ""]
-    cap_cols = ["group", "stack", "arrival", "setup", "capacity_rps", "saturated", "capacity_x_baseline",
-                "stable_only_rps"] + [f"{c}_rps" for c in CLASS_NAMES] + [
-        "verdict_at_capacity", "fails_above", "live_migrations", "queued_migrations", "downtime_p99_ms"]
-    L += ["## Capacity (req/s; per stack and per class)", "",
-          "`saturated`: the bracket's top passed, so capacity is at least that. Per-class columns: the highest rate at "
-          "which that class alone meets its goal with a stable queue. Migrations: mean per run at the capacity rate.",
-          "", md_table(cap_rows, cap_cols), ""]
-    L += ["## K-tier dispatch against local priority alone (capacity, same setup)", "",
-          f"Capacities are bisected to ±{study.rel_tol:.0%}, so a gain within about that of 1.00 is no difference.", "",
-          md_table(vs_local, ["setup", "arrival", "stack", "capacity_rps", "local_prio", "local_prio_rps", "gain_x",
-                              "note", "verdict_at_capacity"]), ""]
-    L += [f"## GPUs needed to meet every class's SLO at {study.gpus_factor:g}× the baseline's capacity", "",
-          md_table(gpu_rows, ["stack", "rate_rps", "gpus_needed", "checked"]), ""]
-    rho_cols = ["arrival", "stack", "rho", "rho_of", "rate_rps", "verdict", "all_attainment", "c0_attainment",
-                "c4_attainment", "c9_attainment", "classes_meeting_goal", "c0_ttft_p99_s", "c0_ttft_p50_s",
-                "c9_ttft_p50_s", "inversion",
-                "live_migrations", "queued_migrations", "downtime_p99_ms"]
-    L += ["## Attainment vs ρ (mean ± 95% over seeds)", "", md_table(rho_rows, rho_cols), ""]
-    ov = study.overload
-    rec_cols = [f"c{c}_recovery_s" for c in range(1, NUM_CLASSES)]
-    L += [f"## Overload episode: Poisson at ρ = {study.overload_rho:g}, {ov.burst_factor:g}× for {ov.burst_s:g} s "
-          f"from t = {ov.pre_s:g} s, then {ov.post_s:g} s at ρ = {study.overload_rho:g}", "",
-          f"Tier-0 isolation: c0's attainment over arrivals during the burst (pre: from {ov.warm_s:g} s to the burst). "
-          f"Recovery of class c: seconds from the burst's end to the first {RECOVERY_WINDOW_S:g}-s arrival window "
-          f"that, with the next window, has attainment ≥ its pre-episode attainment − {RECOVERY_TOLERANCE:.2f}; "
-          f"'—' where some seed did not recover before the arrivals ended (count in the CSV).", "",
-          md_table(over_rows, ["stack", "verdict", "c0_pre_attainment", "c0_burst_attainment", "c9_burst_attainment"]
-                   + rec_cols), ""]
-    L += ["## The seed's table at the seed's own setup (labelled; no conclusions drawn from it)", "",
-          f"{study.seed_replicas} replicas at {study.seed_rate_per_replica:g} req/s each, uniform tiers with the "
-          f"project's default per-K SLOs, one seed, whole-run statistics (not steady state), as the seed reported. "
-          f"Speedup = INFaaS+vLLM value / system value; {COST_FORMULA}.", "",
-          md_table(seed_rows, ["system", "K", "requests", "prefill_p99_x", "seed_prefill_p99_x", "prefill_mean_x",
-                               "seed_prefill_mean_x", "e2e_p99_x", "seed_e2e_p99_x", "e2e_mean_x", "seed_e2e_mean_x",
-                               "cost_latency_gain", "seed_cost_latency_gain", "finished", "censored"]), ""]
-    return "\n".join(L) + "\n"

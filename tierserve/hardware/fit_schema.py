@@ -303,12 +303,11 @@ def check_distinct_rows(p: Path, features: np.ndarray, coefficients: int) -> Non
 
 
 def check_above_roofline(p: Path, model: str, gpu: str, tp: int, prefill: np.ndarray, pairs: np.ndarray,
-                         decodes: np.ndarray, context: np.ndarray, measured_s: np.ndarray, use: np.ndarray) -> None:
-    """No used row is faster than the roofline at 100% efficiency with no overhead: that is physically
-    impossible on that GPU, so the log is of another model, GPU or TP, or in other units."""
-    from tierserve.hardware.exec_builder import model_from_physical_parameters
-    floor = model_from_physical_parameters("roofline", model, gpu, tp, eff_gemm_flop=1.0, eff_hbm=1.0,
-                                           eff_attn_flop=1.0, overhead_s=0.0, per_seq_s=0.0)
+                         decodes: np.ndarray, context: np.ndarray, measured_s: np.ndarray, use: np.ndarray,
+                         floor: Any) -> None:
+    """No used row is faster than `floor` (the caller's roofline at 100% efficiency with no overhead: built
+    above this module, which the store imports): that is physically impossible on that GPU, so the log is
+    of another model, GPU or TP, or in other units."""
     for i in np.flatnonzero(use):
         bound = floor.iteration_time(int(prefill[i]), float(pairs[i]), int(decodes[i]), int(context[i]))
         if measured_s[i] < bound:

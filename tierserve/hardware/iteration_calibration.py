@@ -194,7 +194,9 @@ def fit_physical_iterations(p: Path, cols: dict[str, np.ndarray], pairs: np.ndar
     if use.sum() < 4:
         raise ProfileError(p, None, f"need at least 4 usable rows for a physical fit, got {int(use.sum())}")
     check_distinct_rows(p, np.stack([P, B, C, pairs], axis=1)[use], 4)
-    check_above_roofline(p, m.name, g.name, tp, P, pairs, B, C, y_all, use)
+    check_above_roofline(p, m.name, g.name, tp, P, pairs, B, C, y_all, use, model_from_physical_parameters(
+        "roofline", m.name, g.name, tp, eff_gemm_flop=1.0, eff_hbm=1.0, eff_attn_flop=1.0, overhead_s=0.0,
+        per_seq_s=0.0))
     attn_col = pairs * attn_flops_per_pair(m, tp) * m.num_layers / g.peak_flops   # seconds at 100% of peak
 
     def predict(em) -> np.ndarray:

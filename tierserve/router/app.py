@@ -90,7 +90,8 @@ class Router:
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         cfg = self.cfg
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        # idle engine connections closed before uvicorn's 5 s (vLLM's server) can close them under a reuse
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=2.0)
         self.client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(cfg.engine_timeout_s,
                                                                              connect=cfg.connect_timeout_s))
         self.pool = EnginePool(cfg, self.client, on_change=self._scraped)

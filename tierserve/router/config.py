@@ -110,6 +110,8 @@ class RouterConfig(_Section):
         600_000.0, description="Largest llm-d SLO header accepted (larger is refused as absurd).")
     scrape_interval_s: Annotated[Float, Field(ge=0.01, le=3600, allow_inf_nan=False)] = 0.5
     scrape_timeout_s: Seconds = 2.0
+    scrape_failures_down: Annotated[Int, Field(ge=1, le=1000)] = Field(
+        3, description="Failed scrapes in a row that mark an engine down (a refused connection: at once).")
     connect_timeout_s: Seconds = 2.0
     engine_timeout_s: Seconds = Field(120.0, description="Longest silence from an engine mid-request (then 504).")
     max_body_bytes: Annotated[Int, Field(ge=1024, le=2**30)] = 1_048_576

@@ -71,7 +71,7 @@ class EnginePool:
     def mark_down(self, view: EngineView, why: str) -> None:
         if view.ready:
             view.ready = False
-            log.warning("engine down", extra={"fields": {"engine": view.url, "reason": why}})
+            log.warning(f"engine down: {view.url}: {why}", extra={"fields": {"engine": view.url, "reason": why}})
             self.on_state(view, False, why)
 
     async def scrape(self, view: EngineView) -> None:
@@ -85,8 +85,12 @@ class EnginePool:
                 m.raise_for_status()
                 self.models[view.engine_id] = list(m.json().get("data", []))
         except (httpx.HTTPError, ValueError, KeyError, AttributeError) as e:
-            self.mark_down(view, f"scrape failed: {type(e).__name__}: {str(e)[:200]}")
+            # refused: nothing listens there; anything else (a busy engine's slow answer): only after a few in a row
+            view.scrape_failures += 1
+            if isinstance(e, httpx.ConnectError) or view.scrape_failures >= self.cfg.scrape_failures_down:
+                self.mark_down(view, f"scrape failed: {type(e).__name__}: {str(e)[:200]}")
             return
+        view.scrape_failures = 0
         view.scraped(s)
         if not view.ready:
             view.ready = True

@@ -29,7 +29,8 @@ BLOCK_SIZE = 16
 
 class FakeEngine:
     def __init__(self, token_delay_s: float = 0.002, first_token_delay_s: float = 0.0, max_num_seqs: int = 4,
-                 kv_metric: str = "kv_cache_usage_perc") -> None:
+                 kv_metric: str = "kv_cache_usage_perc", name: str = "fake") -> None:
+        self.name = name                 # request ids are NAME-N: unique across engines given distinct names
         self.token_delay_s = token_delay_s
         self.first_token_delay_s = first_token_delay_s
         self.max_num_seqs = max_num_seqs
@@ -71,7 +72,7 @@ class FakeEngine:
         self.received.append({"path": request.url.path, "priority": body.get("priority"),
                               "vllm_xargs": body.get("vllm_xargs"), "stream": bool(body.get("stream")),
                               "service_tier": body.get("service_tier"), "max_tokens": n})
-        rid = f"fake-{len(self.received)}"
+        rid = f"{self.name}-{len(self.received)}"
         if body.get("stream"):
             return ProxyStream(self._events(rid, chat, n), {})
         work = asyncio.ensure_future(self._generate(n))
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kv-metric", default="kv_cache_usage_perc", choices=["kv_cache_usage_perc",
                                                                            "gpu_cache_usage_perc"])
     a = ap.parse_args(argv)
-    engine = FakeEngine(a.token_delay_s, a.first_token_delay_s, a.max_num_seqs, a.kv_metric)
+    engine = FakeEngine(a.token_delay_s, a.first_token_delay_s, a.max_num_seqs, a.kv_metric, f"fake{a.port}")
     uvicorn.run(engine.app, host="127.0.0.1", port=a.port, log_level="warning", access_log=False)
 
 

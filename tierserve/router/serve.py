@@ -15,6 +15,7 @@ from tierserve.router.app import Router
 from tierserve.router.config import RouterConfig
 
 STARTUP_TIMEOUT_S = 30.0
+KEEP_ALIVE_S = 30       # idle client connections kept this long (uvicorn's 5 s races clients reusing them)
 
 
 class JsonLines(logging.Formatter):
@@ -39,16 +40,11 @@ def configure_logging(level: str = "info") -> None:
     logger.propagate = False
 
 
-def uvicorn_config(router: Router, port: int | None = None, log_level: str = "warning") -> uvicorn.Config:
-    cfg = router.cfg
-    return uvicorn.Config(router.app, host=cfg.host, port=cfg.port if port is None else port, log_level=log_level,
-                          access_log=False, lifespan="on", timeout_graceful_shutdown=5)
-
-
 def serve(cfg: RouterConfig, log_level: str = "info") -> None:
     """Serve until SIGINT/SIGTERM (uvicorn's handlers stop it gracefully)."""
     configure_logging(log_level)
-    uvicorn.Server(uvicorn_config(Router(cfg), log_level="warning")).run()
+    uvicorn.run(Router(cfg).app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False,
+                lifespan="on", timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=5)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -57,26 +53,25 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-class RouterThread:
-    """A router on a loopback port, served by a thread of this process; `with RouterThread(cfg) as r: r.url`."""
+class AppThread:
+    """An ASGI app served by uvicorn on a thread of this process, on a loopback port (tests, benchmarks)."""
 
-    def __init__(self, cfg: RouterConfig, port: int | None = None) -> None:
-        self.router = Router(cfg)
-        self.port = port or free_port(cfg.host)
-        self.server = uvicorn.Server(uvicorn_config(self.router, self.port))
+    def __init__(self, app, host: str = "127.0.0.1", port: int | None = None, lifespan: str = "on") -> None:
+        self.port = port or free_port(host)
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=self.port, log_level="warning",
+                                                    access_log=False, lifespan=lifespan,
+                                                    timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=5))
         self.server.install_signal_handlers = lambda: None      # not the main thread: leave signals alone
-        self.thread = threading.Thread(target=self._run, name="tierserve-router", daemon=True)
-        self.url = f"http://{cfg.host}:{self.port}"
+        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve()), daemon=True,
+                                       name=f"asgi-{self.port}")
+        self.url = f"http://{host}:{self.port}"
 
-    def _run(self) -> None:
-        asyncio.run(self.server.serve())
-
-    def start(self) -> "RouterThread":
+    def start(self):
         self.thread.start()
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the router did not start on {self.url}")
+                raise RuntimeError(f"nothing started on {self.url}")
             time.sleep(0.01)
         return self
 
@@ -84,8 +79,16 @@ class RouterThread:
         self.server.should_exit = True
         self.thread.join(timeout=15)
 
-    def __enter__(self) -> "RouterThread":
+    def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class RouterThread(AppThread):
+    """A router on a loopback port, served by a thread of this process; `with RouterThread(cfg) as r: r.url`."""
+
+    def __init__(self, cfg: RouterConfig, port: int | None = None) -> None:
+        self.router = Router(cfg)
+        super().__init__(self.router.app, cfg.host, port)

@@ -43,6 +43,7 @@ class EngineView:
     block_size: int
     max_num_seqs: int
     ready: bool = False
+    scrape_failures: int = 0                   # failed scrapes in a row
     last: Scrape = field(default_factory=Scrape)
     in_flight_at_scrape: int = 0
     sent_blocks_since_scrape: int = 0

@@ -174,15 +174,23 @@ class TierServePolicy(LocalPolicy):
     def iteration_limit_s(self, view: ReplicaView, decodes: Sequence[RequestState],
                           head: RequestState | None) -> float:
         """This iteration's limit: the tighter of (strict, loose); but when `head`, the first prefill in line,
-        is a protected request whose first token the loose limit would make late (its prompt's rest at that
-        limit's chunk, iteration after iteration, past a + TTFT), the loose tiers' limit is lifted for it
-        (`lift_for_protected`): a premium first token outranks a loose tier's pace, never a premium decode's."""
+        is a protected request whose first token that limit would make late (its prompt's rest at that limit's
+        chunk, iteration after iteration, past a + TTFT), the limit is lifted for it (`lift_for_protected`) to
+        the protected decodes' TBT target itself (no margin; no limit when none decodes): a premium first token
+        outranks a loose tier's pace and the margin, never a premium decode's target."""
         if not self.tbt_budget:
             return math.inf
         strict, loose = self.iteration_limits_s(decodes, view.now)
         limit = strict if strict < loose else loose
-        if (not self.lift_for_protected or loose >= strict or head is None or head.tier >= self.protected_tiers
+        if (not self.lift_for_protected or head is None or head.tier >= self.protected_tiers
                 or head.num_generated > 0 or head.slo.ttft_s is None):
+            return limit
+        lifted = math.inf                          # the protected decodes' tightest TBT target (inf: none runs)
+        for r in decodes:
+            tbt = r.slo.tbt_s
+            if tbt is not None and r.tier < self.protected_tiers and tbt < lifted:
+                lifted = tbt
+        if lifted <= limit:
             return limit
         rest = head.num_tokens - head.num_computed_tokens
         chunk = self._chunk_within(view, decodes, limit, head.num_computed_tokens)
@@ -192,7 +200,7 @@ class TierServePolicy(LocalPolicy):
         per_iteration_s = view.predictor.iteration_time(chunk, chunk * (head.num_computed_tokens + chunk * 0.5),
                                                         len(decodes), ctx)
         if view.now + -(-rest // chunk) * per_iteration_s > head.arrival_s + head.slo.ttft_s:
-            return strict
+            return lifted
         return limit
 
     def _chunk_within(self, view: ReplicaView, decodes: Sequence[RequestState], limit: float,
