@@ -147,26 +147,26 @@ def test_skip_ahead_equals_single_iteration_stepping_for_new_policies(policy, pa
 
 
 def test_gamma_ada_moves_gamma_with_load():
-    reqs = make_requests(600, rate=25.0)
-    cfg = ClusterConfig(num_replicas=1, local_policy="uniboost",
-                        local_policy_params={"ada_min_samples": 50, "ada_every": 50, "ada_period_s": 1.0,
-                                             "seconds_per_token": 2e-4})
-    from tierserve.sim.simulate import build_replicas  # noqa: F401  (the policy object is per replica)
-    res = simulate(cfg, reqs, predictor=LinearPredictor())
-    assert all(s.status == Status.FINISHED for s in res.states)
-    policy = UniBoostPolicy(ada_min_samples=50, ada_every=50, ada_period_s=1.0, seconds_per_token=2e-4)
-    policy.tau = 2e-4
+    """γ-Ada's γ at two loads on the same job sizes: each is the FCFS tail decay rate of its own arrival rate,
+    and the heavier load decays slower (a γ that ignored the arrivals would be equal at both)."""
     rng = np.random.default_rng(0)
-    for t in np.cumsum(rng.exponential(1 / 20.0, 400)):        # λ = 20/s, S = 2e-4 · 200 tokens = 40 ms: ρ = 0.8
-        policy._arrivals.append(float(t))
-    for _ in range(300):
-        policy._sizes.append(2e-4 * float(rng.exponential(200.0)))
-    policy.ada_beta = 1.0
-    policy._update_gamma(100.0)
-    lam = 399 / (policy._arrivals[-1] - policy._arrivals[0])
-    sizes = np.fromiter(policy._sizes, float)
-    assert policy.gamma == pytest.approx(fcfs_tail_decay_rate(lam, empirical_mgf(sizes), sizes.mean()), rel=1e-9)
-    assert 0 < policy.gamma < 1 / sizes.mean()
+    sizes = [2e-4 * float(rng.exponential(200.0)) for _ in range(300)]    # S ≈ 40 ms of GPU time
+    gammas = {}
+    for rate in (10.0, 20.0):                                             # ρ ≈ 0.4 and 0.8
+        policy = UniBoostPolicy(ada_min_samples=50, ada_every=50, ada_period_s=1.0, seconds_per_token=2e-4)
+        policy.tau = 2e-4
+        for t in np.cumsum(np.random.default_rng(1).exponential(1 / rate, 400)):
+            policy._arrivals.append(float(t))
+        for x in sizes:
+            policy._sizes.append(x)
+        policy.ada_beta = 1.0
+        policy._update_gamma(100.0)
+        lam = 399 / (policy._arrivals[-1] - policy._arrivals[0])
+        sz = np.fromiter(policy._sizes, float)
+        assert policy.gamma == pytest.approx(fcfs_tail_decay_rate(lam, empirical_mgf(sz), sz.mean()), rel=1e-9)
+        assert 0 < policy.gamma < 1 / sz.mean()
+        gammas[rate] = policy.gamma
+    assert gammas[20.0] < 0.8 * gammas[10.0], gammas                      # it moved with the load
 
 
 def test_gamma_ada_sizes_are_gpu_time_shares_that_add_up_to_the_busy_time():

@@ -27,7 +27,10 @@ def register(reproduce_app: typer.Typer) -> None:
                                                  "capacity) for Table 2, e.g. 0.7,0.9,1.0,1.25."),
                  sections: str = typer.Option(None, "--sections", help="Comma-separated subset, in run order, of: "
                                               "table2, starvation, dispatch, replay, gamma, fig7, sensitivity, "
-                                              "tiers (default: all).")) -> None:
+                                              "tiers (default: all)."),
+                 doc: Path = typer.Option(None, "--doc", help="Also write the report into this Markdown document "
+                                          "as its section for this run (quick | full | the sections chosen), "
+                                          "replacing that section.")) -> None:
         """Table 2 (% vs srpt) at several loads, §4.4 SLO scale, Fig. 7 ablation knee, A.3 starvation (8 replicas
         by replay), sensitivity (k, δ, chunk), Table 9 dispatch on 64 replicas, Table 10 replay on 32–512
         replicas, γ-Ada over time, and tiers, with stability verdicts and 95% intervals over seeds.
@@ -72,5 +75,10 @@ def register(reproduce_app: typer.Typer) -> None:
             err.print(f"[{time.perf_counter() - t0:6.0f} s] {line}", markup=False, highlight=False)
         result = run_study(study, out, executor=executor, log=log, reuse_meta=reuse_capacities, resume=resume)
         console.print(result["markdown"], markup=False, highlight=False)
+        if doc is not None:
+            from tierserve.experiments.results_doc import write_section
+            name = "uniboost " + ("quick" if quick else ",".join(study.sections) if sections else "full")
+            write_section(doc, name, result["markdown"], "UniBoost (seed 001) results")
+            console.print(f"wrote its section '{name}' of {shown(doc)}")
         console.print(f"wrote {shown(out)}/uniboost_report.md, uniboost_runs.json, uniboost_meta.json "
                       f"in {time.perf_counter() - t0:.1f} s")
