@@ -24,7 +24,10 @@ def register(reproduce_app: typer.Typer) -> None:
                  doc: Optional[Path] = typer.Option(None, "--doc", help="Also write the report here (the "
                                                                         "repository's docs/results/contract.md)."),
                  resume: bool = typer.Option(False, "--resume", help="Keep the sections an earlier run of the same "
-                                                                     "study saved under --out; run the rest.")
+                                                                     "study saved under --out; run the rest."),
+                 merge: Optional[list[Path]] = typer.Option(None, "--merge", help="Run nothing: render one report "
+                                                            "from these contract_results.json files of runs over "
+                                                            "disjoint --sections (the first's sections win).")
                  ) -> None:
         """The default scenario (burst), capacity on the default mix, steady loads ρ = 0.5…1.1, seed 000's tier
         distributions, seed 001's reasoning mix, seed 003's QoS classes under a diurnal load, ablations and
@@ -45,6 +48,22 @@ def register(reproduce_app: typer.Typer) -> None:
         study = replace(study, workers=workers)
         console = Console(width=200)
         t0 = time.perf_counter()
+        if merge:
+            import json
+
+            from tierserve.experiments.contract import merge_results, report
+            from tierserve.core.files import read_mapping
+            merged = merge_results([read_mapping(p, "--merge", json.loads, (ValueError,), "JSON") for p in merge])
+            text = report(merged, study)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "contract_report.md").write_text(text)
+            (out / "contract_results.json").write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
+            if doc:
+                doc.write_text(text)
+            console.print(text, markup=False, highlight=False)
+            console.print(f"merged {len(merge)} result file(s) into {shown(out)}/contract_report.md"
+                          + (f" and {shown(doc)}" if doc else ""))
+            return
         result = run_study(study, out, executor=executor or ("serial" if quick else "process"),
                            log=lambda msg: console.print(msg, markup=False, highlight=False), doc=doc,
                            resume=resume)

@@ -424,12 +424,12 @@ def report(res: dict[str, Any], study: Study) -> str:
                  f"{st:.3g} | {tiers} |" if st is not None and math.isfinite(st) else
                  f"| {stack} | {_cap(c['stack'])} | {ratio} | below lo | {tiers} |")
     L += [""] + _capacity_verdict(caps)
-    L += ["## Steady loads (Poisson, steady-state window)", ""]
+    L += ["## Steady loads (Poisson, steady-state window)", ""] + _load_note(res, "steady")
     L += _tier_table(rows["steady"], ["stack", "rho"])
     L += ["## Seed 000's tier distributions (K-tier Llumnix)", "",
           f"ρ = {study.ktier_rho} of the default mix's FCFS capacity, default SLOs for K tiers (tier 0 TTFT 0.5 s / "
           "TBT 50 ms; the last tier TTLT 60 s). Seed 000's own metric is tier-0 TTFT (prefill) P99: shown.", ""]
-    L += _tier_table(rows["ktier"], ["stack", "mix", "K"])
+    L += _load_note(res, "ktier") + _tier_table(rows["ktier"], ["stack", "mix", "K"])
     rc = res["reasoning_capacity_rps"]
     L += ["## Seed 001's reasoning-heavy mix (70% reasoning + 30% chat, 3 tiers)", "",
           f"ρ = {study.reasoning_rho} of FCFS's stable-only capacity on this mix "
@@ -441,7 +441,7 @@ def report(res: dict[str, Any], study: Study) -> str:
           f"Q1 interactive (TTFT 6 s, TBT 50 ms), Q2 TTLT 600 s, Q3 TTLT 1800 s, 1/3 each; diurnal arrivals, mean "
           f"ρ = {study.diurnal_rho} (±50%, period {study.diurnal_period_s:g} s); seed 003's metric is deadline "
           "attainment per class (shown).", ""]
-    L += _tier_table(rows["qos_diurnal"], ["stack"])
+    L += _load_note(res, "qos_diurnal") + _tier_table(rows["qos_diurnal"], ["stack"])
     L += ["## Ablation (default scenario): one piece removed at a time", ""]
     L += _tier_table(rows["ablation"], ["variant"])
     L += ["## Sensitivity (default scenario)", "",
@@ -449,6 +449,38 @@ def report(res: dict[str, Any], study: Study) -> str:
           "vidur_parity mode.", ""]
     L += _tier_table(rows["sensitivity"], ["variant", "stack"])
     return "\n".join(L) + "\n"
+
+
+def _load_note(res: dict[str, Any], section: str) -> list[str]:
+    """Where a section came from a separate run (`merge_results`), the capacity its ρ is in units of."""
+    source = res.get("section_sources", {}).get(section)
+    return [f"Loads in this section: ρ = rate / {source} (run apart from the capacity section).", ""] if source else []
+
+
+def merge_results(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One result from several runs of the study over disjoint sections (e.g. sections run side by side):
+    the first run's, with every section only a later run finished taken from it (and its load basis noted)."""
+    main = json.loads(json.dumps(results[0]))
+    main.setdefault("section_sources", {})
+    for other in results[1:]:
+        for section in other["done"]:
+            if section in main["done"]:
+                continue
+            main["rows"][section] = other["rows"][section]
+            main["done"].append(section)
+            if section in ("steady", "ktier", "qos_diurnal"):
+                main["section_sources"][section] = other["fcfs_capacity_source"]
+        for key, cap in other["capacity"].items():
+            main["capacity"].setdefault(key, cap)
+        if other.get("reasoning_capacity_rps") is not None and main.get("reasoning_capacity_rps") is None:
+            main["reasoning_capacity_rps"] = other["reasoning_capacity_rps"]
+        main["wall_s"] = main.get("wall_s", 0.0) + other.get("wall_s", 0.0)
+    for r in (main, *results):
+        if main.get("reasoning_capacity_rps") is None and r.get("reasoning_capacity_rps") is not None:
+            main["reasoning_capacity_rps"] = r["reasoning_capacity_rps"]
+    if main.get("reasoning_capacity_rps") is None:
+        main["reasoning_capacity_rps"] = math.nan
+    return main
 
 
 def _default_verdict(rows: list[dict[str, Any]]) -> list[str]:
