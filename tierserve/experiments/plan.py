@@ -1,7 +1,8 @@
 """Capacity planning per tier: the cheapest fleet (GPU type × TP × replicas × policy stack) that meets every
 tier's SLO-attainment goal for a traffic mix, with alternatives, a Pareto table, a burst what-if and a
 pool-per-class comparison. Every figure comes from simulations judged as `tierserve.experiments.capacity`
-judges them (pooled attainment over seeds ≥ the tier's goal, and a stable queue in most seeds).
+judges them (pooled attainment over seeds ≥ the tier's goal, and a stable work verdict in most seeds; a run
+whose verdict is undecided is lengthened, up to 4 × the mix's requests, by `capacity.judged_run`).
 
 Search, per (GPU, TP, stack): the fewest replicas that pass at the mix's rate — replicas doubled from 1 until a
 count passes, then bisection between the last failing and the first passing count (passing is taken as
@@ -42,6 +43,8 @@ DEFAULT_PRICES_USD_PER_GPU_HOUR: dict[str, float] = {
 PRICE_SOURCE = ("on-demand $/GPU-h, midpoints of the specialty-provider ranges in Mercatus 'Cloud GPU pricing' "
                 "(May 2026); override with --price GPU=USD")
 SCHEDULER_CLS = "tierserve.engines.vllm.scheduler.TierScheduler"
+RUN_LENGTH_GROWTH = 4      # a probe's run may double up to 4 × the mix's num_requests while undecided
+HEADROOM_ROWS = 3          # head-room (a capacity search each) for the cheapest rows only
 DEFAULT_STACKS = ("vllm+round_robin", "vllm_priority+round_robin", "sarathi+round_robin", "tierserve+tierserve")
 
 
@@ -216,14 +219,16 @@ def judge_fleet(runs: Sequence[Any], goals: Mapping[str, float]) -> tuple[bool, 
 def probe_fleet(mix: PlanMix, fleet: Fleet, seeds: Sequence[int], clear_miss: float | None = None,
                 rate: float | None = None, tier_only: int | None = None) -> Probe:
     """Run the fleet over `seeds` (stopping after the first on a clear miss) and judge it."""
-    from tierserve.experiments.capacity import ScenarioRunner
+    from tierserve.experiments.capacity import RunLength, ScenarioRunner, judged_run
     cfg = scenario_for(mix, fleet, rate, tier_only)
     runner = ScenarioRunner(cfg)
     rate_rps = cfg.workload.arrivals.rate
+    n = int(cfg.workload.num_requests or 0)
+    lengths = RunLength(n, RUN_LENGTH_GROWTH * n)      # lengthened while the verdict is undecided (capacity.py)
     runs: list[Any] = []
     clear = False
     for i, seed in enumerate(seeds):
-        runs.append(runner(rate_rps, int(seed)))
+        runs.append(judged_run(runner, rate_rps, int(seed), lengths))
         if i == 0 and clear_miss is not None and len(seeds) > 1:
             goals = tier_goals(runs)
             _, att = judge_fleet(runs, goals)
@@ -349,11 +354,18 @@ def plan_fleet(mix: PlanMix, executor: str = "process", workers: int | None = No
     stacks, _ = usable_stacks(mix.search.stacks)
     data = mix.model_dump(mode="json")
     configs = [(g, tp, st) for g in mix.search.gpus for tp in mix.search.tp for st in stacks]
-    # The cheapest GPU-hours first, so a first wave gives a cost cut-off for the rest.
-    configs.sort(key=lambda c: mix.price(c[0]) * c[1])
-    jobs = [{"mix": data, "gpu": g, "tp": tp, "stack": st} for g, tp, st in configs]
-    searches = run_many(search_config, jobs, executor=executor, workers=workers, progress=progress,
-                        description="plan: configurations")
+    # Wave 1: the smallest TP of every GPU and stack; its top-N cost is the cut-off the other TPs must beat.
+    first_tp = min(mix.search.tp)
+    searches: list[ConfigSearch] = []
+    cutoff = math.inf
+    for wave in ([c for c in configs if c[1] == first_tp], [c for c in configs if c[1] != first_tp]):
+        if not wave:
+            continue
+        jobs = [{"mix": data, "gpu": g, "tp": tp, "stack": st, "cost_cutoff": cutoff} for g, tp, st in wave]
+        searches += run_many(search_config, jobs, executor=executor, workers=workers, progress=progress,
+                             description=f"plan: {len(wave)} configurations")
+        costs = sorted(s.best.cost_usd_h for s in searches if s.best is not None)
+        cutoff = costs[top - 1] if len(costs) >= top else math.inf
     ranked = sorted((s.best for s in searches if s.best is not None), key=lambda p: (p.cost_usd_h, -p.worst_margin))
     plan = Plan(mix, searches, ranked[:max(top, 1)] if ranked else [])
     if extras and plan.chosen is not None:
@@ -372,7 +384,7 @@ def add_extras(plan: Plan, executor: str, workers: int | None, progress: bool) -
     f = chosen.fleet
     for k in range(len(tiers)):     # each tier in a pool of its own, on the chosen GPU, TP and stack
         jobs.append({"mix": data, "gpu": f.gpu, "tp": f.tp, "stack": f.stack, "tier_only": k})
-    fleets = [asdict(p.fleet) for p in plan.ranked]
+    fleets = [asdict(p.fleet) for p in plan.ranked[:HEADROOM_ROWS]]
     jobs_h = [{"mix": data, "fleet": f} for f in fleets]
     pool = run_many(search_config, jobs, executor=executor, workers=workers, progress=progress,
                     description="plan: a pool per class")
@@ -395,11 +407,13 @@ def add_extras(plan: Plan, executor: str, workers: int | None, progress: bool) -
 def headroom_job(mix: dict[str, Any], fleet: dict[str, Any]) -> dict[str, float]:
     """Extra load (fraction of the mix's rate, whole mix scaled) each tier absorbs before it misses, at this
     fleet: each tier's capacity from `find_capacity` over [rate, 4 × rate] (±5%), divided by the rate, − 1."""
-    from tierserve.experiments.capacity import scenario_capacity
+    from tierserve.experiments.capacity import RunLength, scenario_capacity
     m = PlanMix.model_validate(mix)
     cfg = scenario_for(m, Fleet(**fleet))
     rate = m.peak_rate
-    cap = scenario_capacity(cfg, rate, 4 * rate, m.search.seeds, 0.05)
+    n = int(cfg.workload.num_requests or 0)
+    cap = scenario_capacity(cfg, rate, 4 * rate, m.search.seeds, 0.05,
+                            run_length=RunLength(n, RUN_LENGTH_GROWTH * n))
     out = {}
     for t, c in cap.tiers.items():
         if t == "all":
