@@ -8,7 +8,10 @@ partial prefill needs blocks for each further chunk, which whole-prompt allocati
 does not check those, so `plan` walks its batch once more in order (`fit_chunks`): a partial prefill whose chunk
 does not fit runs what its blocks and the free ones cover (nothing, if none); an admission that does not fit
 stops admission (Niyama's and Sarathi's rule); and when that leaves nothing to run while partial prefills hold
-the cache, the one Niyama ranks last is evicted (recompute), as under a decode's KV shortfall.
+the cache, the one Niyama ranks last is evicted (recompute), as under a decode's KV shortfall. A decode-only plan is
+repeatable only while no waiting request could be admitted (nothing waits, or the batch is at `max_num_seqs`):
+under the per-chunk rule a waiting request's first chunk, and so its blocks, follows the deadline-sized budget,
+which moves with time (whole-prompt allocation made admission independent of it).
 In vLLM the batch's token total reaches the engine as the step's token budget and each running request's share
 as its cap (`tierserve.engines.vllm.scheduler`); the predictor is the engine's own fit
 (`EngineSettings.exec_model_file`).
@@ -28,7 +31,12 @@ class NiyamaChunkedPolicy(NiyamaPolicy):
     allocation = AllocationRule.PER_CHUNK
 
     def plan(self, view: ReplicaView) -> BatchPlan:
-        return self.fit_chunks(self.core.plan(view), view)
+        plan = self.fit_chunks(self.core.plan(view), view)
+        if plan.repeatable and view.waiting and len(view.running) < view.max_num_seqs:
+            # per chunk, a waiting request's first chunk — so its blocks — follows the deadline-sized budget,
+            # which moves with time: one that does not fit now may fit later without an arrival or completion
+            plan.repeatable = False
+        return plan
 
     def decode_batch(self, running: Sequence[RequestState]) -> list[RequestState] | None:
         # decodes only, nothing waiting: the core's plan has no chunk for `fit_chunks` to touch
