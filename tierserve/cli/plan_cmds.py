@@ -122,8 +122,8 @@ def print_plan(console: Console, plan: Any, plan_path: Path) -> None:
             cells.append("–" if h is None or math.isnan(h) else (f"≥ +{h:.0%}" if h >= 3.0 else f"+{h:.0%}"))
         t.add_row(str(i), f"{p.fleet.replicas}× {p.fleet.gpu} TP{p.fleet.tp} {p.fleet.stack}", str(p.fleet.gpus),
                   f"{p.cost_usd_h:.2f}", *cells, f"{p.stable_seeds}/{p.seeds_run}")
-    t.caption = ("attainment pooled over the seeds in steady state; head-room: extra load (whole mix scaled) the tier "
-                 "absorbs before it misses its goal, from a capacity search over \\[rate, 4 × rate] (±5%)")
+    t.caption = ("attainment pooled over the seeds in steady state; head-room (the 3 cheapest rows): extra load (whole mix "
+                 "scaled) the tier absorbs before it misses its goal, from a capacity search over \\[rate, 4 × rate] (±5%)")
     console.print(t)
     rows = json.loads(plan_path.read_text(encoding="utf-8"))["rows"]
     for row in rows:
