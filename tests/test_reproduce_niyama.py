@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -43,16 +44,20 @@ def test_reproduce_niyama_micro_study(tmp_path):
         dataset_path("azure2023_code").stat()
     except Exception as e:                                  # shared data absent
         pytest.skip(f"shared traces not available: {e}")
-    study = Study(datasets=("azure_code",), num_requests=200, cluster_requests=300, cluster_replicas=2,
-                  dispatch_replicas=3, dispatch_requests_per_replica=100, rel_tol=0.5, lo=1.0, hi=16.0, alphas=(0.008,), segment_s=5.0, overload_duration_s=30.0,
-                  ablation_goodput=False)
+    study = Study.quick()
     res = run_study(study, tmp_path, executor="serial", log=lambda m: None)
-    assert res["study"]["workers"] == 2
+    # the doc holds what `tierserve reproduce niyama --quick` prints (the command writes it with --doc)
+    from tierserve.experiments.results_doc import read_section
+    doc = Path(__file__).resolve().parents[1] / "docs" / "results" / "niyama.md"
+    assert (read_section(doc, "niyama quick") or "").strip() == res["markdown"].strip()
+    assert "Niyama, calibrated predictor" in res["goodput"]["azure_code"]       # the predictor's own row
     g = {k: v["rate"] for k, v in res["goodput"]["azure_code"].items()}
     assert all(v > 0 for v in g.values())
     assert g["Niyama"] >= g["Sarathi-FCFS"]                  # deadline-aware beats FCFS on deadlines
     gpus = res["gpus"]["azure_code"]
-    assert gpus["niyama_gpus"] <= gpus["silo_total"]          # sharing needs no more GPUs than silos
+    m, share = study.cluster_replicas, study.target_qps / 3  # the GPU counts are the capacities scaled up
+    assert gpus["niyama_gpus"] == math.ceil(study.target_qps * m / gpus["shared_capacity"])
+    assert gpus["silo_gpus"] == [math.ceil(share * m / p) for p in gpus["pool_capacity"]]
     assert len(gpus["silo_gpus"]) == 3 and all(n >= 1 for n in gpus["silo_gpus"])
     d = res["diurnal"]
     for label in ("Sarathi-FCFS", "Sarathi-EDF", "Niyama", "Niyama, high priority only"):
@@ -61,7 +66,8 @@ def test_reproduce_niyama_micro_study(tmp_path):
     assert set(res["second_model"]["azure_code"]) == {"Sarathi-FCFS", "Sarathi-EDF", "Sarathi-SRPF", "Niyama"}
     assert set(res["dispatch"]) == {"round_robin", "jsq", "deadline_slack"}
     for row in res["dispatch"].values():
-        assert row["replicas"] == 3 and row["per_replica"] == row["capacity"] / 3
+        k = study.dispatch_replicas
+        assert row["replicas"] == k and row["per_replica"] == row["capacity"] / k
         assert set(row["points"]) == set(study.dispatch_rhos)
     for rho, row in res["lengths"].items():
         for v in row.values():                  # every steady-state request lands in exactly one bin per length
@@ -73,7 +79,7 @@ def test_reproduce_niyama_micro_study(tmp_path):
     for heading in ("Goodput per replica", "Qwen-7B on 2× A100-80GB", "GPUs for 50 QPS", "Ablation", "α sensitivity",
                     "cluster dispatchers", "Violations by prompt length", "Violations by decode length", "Diurnal"):
         assert heading in text
-    assert "cluster dispatchers (azure_code, 3 replicas)" in text
+    assert f"cluster dispatchers (azure_code, {study.dispatch_replicas} replicas)" in text
     assert (tmp_path / "niyama_diurnal_p99.png").stat().st_size > 0
     assert np.isfinite(res["ablation_overload_rate"])
 

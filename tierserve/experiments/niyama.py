@@ -34,10 +34,10 @@ from typing import Any
 import numpy as np
 
 from tierserve.core import ConfigError
-from tierserve.experiments.capacity import StackCapacity, find_capacity, with_rate, with_seed
+from tierserve.experiments.capacity import RunLength, find_capacity, with_rate, with_seed
 from tierserve.experiments.scenario import ScenarioConfig, run_scenario
 from tierserve.metrics import RequestTable
-from tierserve.metrics.stability import SteadyRun, mean_ci95, run_stability, steady_run
+from tierserve.metrics.stability import SteadyRun, mean_ci95, steady_run, table_work_verdict
 from tierserve.metrics.summary import summarize
 from tierserve.policies.cluster.silo import silo_layout
 
@@ -68,6 +68,11 @@ DIURNAL_RATES = (2.0, 3.0, 4.0, 5.0, 6.0, 5.0, 4.0, 3.0, 2.0, 3.0, 4.0, 6.0, 6.0
 # Loads are carried over in units of the seed's own Sarathi-EDF goodput on Azure-Code (2.75 QPS): the seed's
 # 6 QPS overload is ρ = 2.18 and its diurnal 2–6 QPS is ρ = 0.73–2.18, applied to our measured EDF goodput.
 SEED_EDF_GOODPUT = 2.75
+# Niyama's dynamic chunking sizes each batch by the predicted iteration time. By default it asks the simulator's
+# own execution-time model (the predictor is exact); the row below gives it a separately calibrated model of the
+# same GPU instead (`vidur_parity`, Vidur-profile coefficients), while the simulator keeps its physical model.
+CALIBRATED = "Niyama, calibrated predictor"
+CALIBRATED_MODE = "vidur_parity"
 DIURNAL_LOW_SHARE = 0.2
 
 
@@ -101,6 +106,7 @@ class Study:
     # units of its own Niyama goodput (6 QPS / 3.65 QPS).
     dispatch_rhos: tuple[float, ...] = (1.0, 1.2, 6.0 / 3.65)
     workers: int = 2                     # process-pool size (the machine is shared)
+    goodput_only: bool = False           # only the one-replica goodput searches (and their report table)
 
     def __post_init__(self) -> None:
         for d in self.datasets + (self.diurnal_dataset,) + self.second_datasets:
@@ -122,9 +128,10 @@ class Study:
 
     @classmethod
     def quick(cls) -> Study:
-        return cls(datasets=("azure_code",), num_requests=300, cluster_requests=400, cluster_replicas=2,
-                   dispatch_replicas=4, dispatch_requests_per_replica=200, rel_tol=0.3, lo=1.0, hi=16.0,
-                   alphas=(0.0, 0.008), segment_s=10.0, overload_duration_s=40.0, ablation_goodput=False)
+        # runs start at 250 requests (the work verdict reads no growth from fewer than 200) and double to 1,000
+        return cls(datasets=("azure_code",), num_requests=250, cluster_requests=300, cluster_replicas=2,
+                   dispatch_replicas=3, dispatch_requests_per_replica=100, rel_tol=0.5, lo=1.0, hi=16.0,
+                   alphas=(0.008,), segment_s=5.0, overload_duration_s=30.0, ablation_goodput=False)
 
 
 # Length bins (tokens, upper edges inclusive) for violations by request length: the seed reports violations per
@@ -153,16 +160,48 @@ def deadline_table(table: RequestTable) -> RequestTable:
 @dataclass(frozen=True)
 class DeadlineRunner:
     """`make_run` for `find_capacity`: one seed of a scenario at a rate, judged on deadlines in steady state
-    (queue-trend and backlog verdicts: `tierserve.metrics.stability.steady_run`)."""
+    (the work verdict: `tierserve.metrics.stability.steady_run`)."""
 
     cfg: ScenarioConfig
-    drop_fraction: float = 0.1
+    drop_fraction: float | None = None
+    planner: str = ""          # exec mode of the policy's planning predictor ("": the simulator's own)
 
-    def __call__(self, rate: float, seed: int) -> SteadyRun:
-        result = run_scenario(with_rate(with_seed(self.cfg, seed), rate))
+    def __call__(self, rate: float, seed: int, num_requests: int | None = None) -> SteadyRun:
+        cfg = with_seed(self.cfg, seed)
+        if num_requests is not None:
+            data = cfg.model_dump(mode="json")
+            data["workload"]["num_requests"] = int(num_requests)
+            cfg = ScenarioConfig.from_dict(data)
+        result = run_scenario(with_rate(cfg, rate), predictor=planning_predictor(cfg, self.planner))
         table = deadline_table(result.table)
         return steady_run(table, result.sim.duration_s, result.workload.tier_set, seed, rate, self.drop_fraction,
                           {"relegated": result.sim.stats["relegated"]})
+
+
+class PlannedPredictor:
+    """The simulator's execution-time model for everything the replica times, with a policy's chunk sizing
+    (`max_prefill_tokens_within`, asked only by policies) answered by another model."""
+
+    def __init__(self, truth, planner) -> None:
+        self._truth, self._planner = truth, planner
+
+    def __getattr__(self, name: str):
+        return getattr(self._truth, name)
+
+    def max_prefill_tokens_within(self, *args, **kwargs) -> int:
+        return self._planner.max_prefill_tokens_within(*args, **kwargs)
+
+
+def planning_predictor(cfg: ScenarioConfig, planner: str):
+    """None (the simulator builds its own, exact for the policy) or a `PlannedPredictor` whose planning answers
+    come from the `planner` exec mode of the same model and GPU."""
+    if not planner:
+        return None
+    from tierserve.hardware.exec_model import make_execution_model
+    rc = cfg.cluster.replica
+    truth = make_execution_model(rc.model, rc.gpu, rc.tp, mode=rc.exec_mode,
+                                 iteration_overhead_ms=rc.iteration_overhead_ms, exec_model_file=rc.exec_model_file)
+    return PlannedPredictor(truth, make_execution_model(rc.model, rc.gpu, rc.tp, mode=planner))
 
 
 def judge_whole(cfg: ScenarioConfig, seed: int) -> dict[str, Any]:
@@ -170,7 +209,7 @@ def judge_whole(cfg: ScenarioConfig, seed: int) -> dict[str, Any]:
     result = run_scenario(with_seed(cfg, seed))
     table = deadline_table(result.table)
     summary = summarize(table, None, result.sim.duration_s, result.workload.tier_set)
-    stability = run_stability(table, result.sim.duration_s, result.workload.tier_set)
+    stability = {"work": table_work_verdict(table, result.sim.duration_s)}
     viol = {name: 100.0 * (1.0 - t.slo_attainment) for name, t in summary.tiers.items()}
     high = np.isin(table["tier"], [0, 1, 2])            # the critical (high-priority) requests
     critical = 100.0 * (1.0 - float(table.meets_slo[high].mean())) if high.any() else math.nan
@@ -198,12 +237,16 @@ def scenario(study: Study, dataset: str, policy: str, params: dict[str, Any], *,
                      "tiers": tiers or {"num_tiers": 3, "preset": "niyama"}}})
 
 
-def search_job(key: tuple, study: Study, cfg: ScenarioConfig, goals: dict | None, hi: float) -> dict[str, Any]:
-    """Process-pool worker: one capacity search (serial inside), as plain numbers and its log line."""
-    cap = find_capacity(DeadlineRunner(cfg), study.lo, hi, study.seeds, study.rel_tol, goals=goals,
-                        executor="serial")
+def search_job(key: tuple, study: Study, cfg: ScenarioConfig, goals: dict | None, hi: float,
+               planner: str = "") -> dict[str, Any]:
+    """Process-pool worker: one capacity search (serial inside), as plain numbers and its log line. Each probe
+    runs the scenario's requests, doubled while its work verdict is undecided, up to 4× that."""
+    n = cfg.workload.num_requests
+    cap = find_capacity(DeadlineRunner(cfg, planner=planner), study.lo, hi, study.seeds, study.rel_tol,
+                        goals=goals, executor="serial", run_length=RunLength(n, 4 * n))
     return {"key": key, "rate": cap.rate, "stable_rate": cap.stable_rate, "saturated": cap.stack.saturated,
-            "tiers": cap.tier_rates(), "text": str(cap)}
+            "tiers": cap.tier_rates(), "text": str(cap), "interval": list(cap.interval),
+            "lengths": list(cap.lengths)}
 
 
 def point_job(cfg: ScenarioConfig, rate: float, seed: int, num_requests: int) -> dict[str, Any]:
@@ -213,11 +256,10 @@ def point_job(cfg: ScenarioConfig, rate: float, seed: int, num_requests: int) ->
     data["workload"]["num_requests"] = num_requests
     result = run_scenario(with_rate(with_seed(ScenarioConfig.from_dict(data), seed), rate))
     table = deadline_table(result.table)
-    run = steady_run(table, result.sim.duration_s, result.workload.tier_set, seed, rate, 0.1,
+    run = steady_run(table, result.sim.duration_s, result.workload.tier_set, seed, rate, None,
                      {"relegated": result.sim.stats["relegated"]})
-    keep = np.zeros(len(table), bool)
-    from tierserve.metrics.stability import steady_state_mask
-    keep[steady_state_mask(table.arrival_s)] = True
+    start = run.work.warmup_s if math.isfinite(run.work.warmup_s) else -math.inf
+    keep = np.asarray(table.arrival_s) >= start        # the summary's window: from the warm-up found on
     miss = ~table.meets_slo[keep]
     bins = {}
     for col, edges in (("prompt_tokens", PROMPT_BINS), ("output_tokens", DECODE_BINS)):
@@ -293,7 +335,8 @@ def run_searches(study: Study, jobs: list[dict[str, Any]], executor: str, log) -
 
 
 def _cap_row(r: dict[str, Any]) -> dict[str, Any]:
-    return {"rate": r["rate"], "stable_rate": r["stable_rate"], "saturated": r["saturated"], "tiers": r["tiers"]}
+    return {"rate": r["rate"], "stable_rate": r["stable_rate"], "saturated": r["saturated"], "tiers": r["tiers"],
+            "interval": r.get("interval"), "lengths": r.get("lengths")}
 
 
 # ---- the study -------------------------------------------------------------------------------------------
@@ -312,14 +355,16 @@ def run_study(study: Study, out: str | Path, executor: str = "process", log=prin
     # Phase 1: capacity searches. -------------------------------------------------------------------------
     jobs: list[dict[str, Any]] = []
 
-    def search(key: tuple, cfg: ScenarioConfig, goals=None, hi: float | None = None) -> None:
-        jobs.append({"key": key, "study": study, "cfg": cfg, "goals": goals, "hi": hi or study.hi})
+    def search(key: tuple, cfg: ScenarioConfig, goals=None, hi: float | None = None, planner: str = "") -> None:
+        jobs.append({"key": key, "study": study, "cfg": cfg, "goals": goals, "hi": hi or study.hi,
+                     "planner": planner})
 
     if reuse is None:
         for d in study.datasets:
             for label, (pol, params) in STACKS.items():
                 search(("goodput", d, label), scenario(study, d, pol, params))
-        for d in study.datasets:
+            search(("goodput", d, CALIBRATED), scenario(study, d, "niyama", {}), planner=CALIBRATED_MODE)
+        for d in (() if study.goodput_only else study.datasets):
             search(("shared", d), scenario(study, d, "niyama", {}, replicas=m, cluster_policy="jsq",
                                            num_requests=study.cluster_requests), hi=study.hi * m)
             for c, chunk in enumerate(SILO_CHUNKS):
@@ -336,12 +381,12 @@ def run_study(study: Study, out: str | Path, executor: str = "process", log=prin
     else:
         res["goodput"], res["gpus"] = reuse["goodput"], reuse["gpus"]
         res["reused_from"] = "Llama-3-8B goodput and silo searches of a previous run (niyama_results.json)"
-    for d in study.second_datasets:
+    for d in (() if study.goodput_only else study.second_datasets):
         for label, (pol, params) in STACKS.items():
             search(("second", d, label), scenario(study, d, pol, params, model=study.second_model,
                                                    tp=study.second_tp))
     k = study.dispatch_replicas
-    for name in study.dispatchers:
+    for name in (() if study.goodput_only else study.dispatchers):
         search(("dispatch", d0, name), scenario(study, d0, "niyama", {}, replicas=k, cluster_policy=name,
                                                  num_requests=study.dispatch_requests_per_replica * k),
                hi=study.hi * k)
@@ -355,7 +400,7 @@ def run_study(study: Study, out: str | Path, executor: str = "process", log=prin
         elif kind == "dispatch":
             res["dispatch"][rest[1]] = {"capacity": r["rate"], "per_replica": r["rate"] / k, "replicas": k,
                                         **_cap_row(r)}
-    for d in (study.datasets if reuse is None else ()):
+    for d in (study.datasets if reuse is None and not study.goodput_only else ()):
         shared = found[("shared", d)]["rate"]
         pools = [found[("silo", d, c)]["rate"] for c in range(len(SILO_CHUNKS))]
         share = study.target_qps / 3
@@ -365,6 +410,12 @@ def run_study(study: Study, out: str | Path, executor: str = "process", log=prin
                           "silo_total": sum(silo_gpus), "niyama_gpus": shared_gpus}
         log(f"GPUs for {study.target_qps:g} QPS on {d}: silos {silo_gpus} = {sum(silo_gpus)}, Niyama {shared_gpus}")
     _save(out, res)
+    if study.goodput_only:
+        from tierserve.experiments.niyama_report import report
+        res["markdown"] = report(study, res)
+        (out / "niyama_report.md").write_text(res["markdown"] + "\n")
+        res["plots"] = []
+        return res
 
     # Phase 2: fixed-rate runs. ---------------------------------------------------------------------------
     points = Points(study)
@@ -435,6 +486,7 @@ def run_study(study: Study, out: str | Path, executor: str = "process", log=prin
 
     res["diurnal"] = diurnal_rows(diurnal_jobs[0], extra_runs, diurnal_jobs[2], log) if diurnal_jobs else {}
     _save(out, res)
+    from tierserve.experiments.niyama_report import report
     res["markdown"] = report(study, res)
     (out / "niyama_report.md").write_text(res["markdown"] + "\n")
     res["plots"] = plot_diurnal(res["diurnal"], out / "niyama_diurnal_p99.png") if res["diurnal"] else []
@@ -533,112 +585,6 @@ def plot_diurnal(d: dict[str, Any], path: Path) -> list[str]:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return [str(path)]
-
-
-# ---- report ----------------------------------------------------------------------------------------------
-def _f(x: float, nd: int = 2) -> str:
-    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
-
-
-def _pct(x: float) -> str:
-    """A violation rate (%): one decimal, or two significant digits below 0.1% so a rare miss does not read 0."""
-    return _f(x, 1) if x is None or not (0 < abs(x) < 0.1) else f"{x:.2g}"
-
-
-def report(study: Study, res: dict[str, Any]) -> str:
-    L = ["# Niyama/QoServe (seed 003) — tierserve reproduction", "",
-         f"{study.model} / {study.gpu}, physical execution model; seeds {list(study.seeds)}; goodput and capacities by "
-         f"bisection to ±{study.rel_tol:.0%} over the seeds pooled (steady-state window, every class ≥ 99% "
-         "deadlines met and every queue stable); violation rates mean ± 95% over seeds.", "",
-         "## Goodput per replica (QPS)", "",
-         "| dataset | " + " | ".join(STACKS) + " | Niyama / FCFS | Niyama / EDF | seed (FCFS / EDF / Niyama) |",
-         "|---|" + "---|" * (len(STACKS) + 3)]
-    for d, row in res["goodput"].items():
-        g = {k: v["rate"] for k, v in row.items()}
-        seed = SEED_GOODPUT.get(d)
-        L.append(f"| {d} | " + " | ".join(_f(g[k]) + ("+" if row[k]["saturated"] else "") for k in STACKS) +
-                 f" | {_f(g['Niyama'] / g['Sarathi-FCFS'])}× | {_f(g['Niyama'] / g['Sarathi-EDF'])}× | "
-                 + (" / ".join(f"{x:g}" for x in seed.values()) if seed else "—") + " |")
-    for d, row in res.get("second_model", {}).items():
-        if d == next(iter(res["second_model"])):
-            L += ["", f"## Goodput per replica, {study.second_model} on {study.second_tp}× {study.gpu} (TP"
-                      f"{study.second_tp}) (QPS)", "",
-                  "| dataset | " + " | ".join(STACKS) + " | Niyama / FCFS | Niyama / EDF | binding (stack) |",
-                  "|---|" + "---|" * (len(STACKS) + 3)]
-        g = {k: v["rate"] for k, v in row.items()}
-        bind = ", ".join(f"{k}: " + min(v["tiers"], key=v["tiers"].get) if v["stable_rate"] > v["rate"] * 1.001
-                         else f"{k}: stability" for k, v in row.items())
-        L.append(f"| {d} | " + " | ".join(_f(g[k]) + ("+" if row[k]["saturated"] else "") for k in STACKS) +
-                 f" | {_f(g['Niyama'] / g['Sarathi-FCFS'])}× | {_f(g['Niyama'] / g['Sarathi-EDF'])}× | {bind} |")
-    L += ["", f"## GPUs for {study.target_qps:g} QPS (M = {study.cluster_replicas}-replica capacity, scaled)", "",
-          "| dataset | silo pools Q1/Q2/Q3 | silo total | Niyama (shared) | saving | seed silo → Niyama |",
-          "|---|---|---|---|---|---|"]
-    for d, g in res["gpus"].items():
-        seed = SEED_GPUS_50QPS.get(d)
-        saving = 1 - g["niyama_gpus"] / g["silo_total"] if g["silo_total"] else math.nan
-        L.append(f"| {d} | {' / '.join(str(x) for x in g['silo_gpus'])} | {g['silo_total']} | {g['niyama_gpus']} | "
-                 f"{_f(100 * saving, 0)}% | {seed[0]} → {seed[1]} ({100 * (1 - seed[1] / seed[0]):.0f}%) |")
-    L += ["", f"## Ablation ({study.datasets[0]}; overload = {study.overload_rho:g} × Sarathi-EDF goodput = "
-              f"{_f(res['ablation_overload_rate'])} QPS)", "",
-          "| config | goodput (QPS) | violations at overload (%) | relegated per run | seed goodput | seed violations at 6 QPS |",
-          "|---|---|---|---|---|---|"]
-    for label, a in res["ablation"].items():
-        v = a["overload"]
-        seed = SEED_ABLATION.get(label)
-        L.append(f"| {label} | {_f(a['goodput'])} | {_f(v['all'][0], 1)} ± {_f(v['all'][1], 1)} | {v['relegated']:.0f} | "
-                 + (f"{seed[0]:g} | {seed[1]:g}" if seed else "— | —") + " |")
-    if res.get("dispatch"):
-        m = study.dispatch_replicas
-        rhos = list(study.dispatch_rhos)
-        jsq = res["dispatch"].get("jsq", {}).get("capacity", math.nan)
-        L += ["", f"## Niyama behind cluster dispatchers ({study.datasets[0]}, {m} replicas)", "",
-              f"Capacity of the {m}-replica cluster (every class ≥ 99% and stable; "
-              f"{study.dispatch_requests_per_replica * m} requests per probe) and per replica; violations "
-              f"(%, mean ± 95% over seeds) per class at ρ = {', '.join(f'{r:g}' for r in rhos)} of "
-              f"Niyama-behind-JSQ's capacity ({_f(jsq)} QPS), {study.overload_duration_s:g} s of arrivals.", "",
-              "| dispatcher | capacity (QPS) | per replica | " + " | ".join(
-                  f"ρ={r:g} {c}" for r in rhos for c in ("all", "Q1", "Q2", "Q3")) + " | stable seeds |",
-              "|---|---|---|" + "---|" * (4 * len(rhos) + 1)]
-        for name, row in res["dispatch"].items():
-            pts = row.get("points", {})
-            cells = [f"{_pct(pts[r][c][0])} ± {_pct(pts[r][c][1])}" if r in pts else "—"
-                     for r in rhos for c in ("all", "Q1", "Q2", "Q3")]
-            stable = " / ".join(f"{pts[r]['stable_seeds']}" for r in rhos if r in pts)
-            L.append(f"| {name} | {_f(row['capacity'])}{'+' if row['saturated'] else ''} | {_f(row['per_replica'])} | "
-                     + " | ".join(cells) + f" | {stable} |")
-    L += ["", "## α sensitivity (Niyama; violations %, overall and Q1)", "", "| α (ms/token) | " +
-          " | ".join(f"ρ = {rho:g}" for rho in (1.0, study.overload_rho)) + " |", "|---|---|---|"]
-    for alpha, row in res["alpha"].items():
-        L.append(f"| {alpha * 1e3:g} | " + " | ".join(
-            f"{_f(v['all'][0], 1)} ± {_f(v['all'][1], 1)} (Q1 {_f(v['Q1'][0], 1)})" for v in row.values()) + " |")
-    for rho, row in res.get("lengths", {}).items():
-        rate = next(iter(row.values()))["rate"]
-        for col, edges, what in (("prompt_tokens", PROMPT_BINS, "prompt"), ("output_tokens", DECODE_BINS, "decode")):
-            lows = [0] + [int(e) for e in edges[:-1]]
-            heads = [f"{lo + 1}–{int(hi)}" if math.isfinite(hi) else f"> {lo}" for lo, hi in zip(lows, edges)]
-            L += ["", f"## Violations by {what} length ({study.datasets[0]}, ρ = {float(rho):g} × Sarathi-EDF "
-                      f"goodput = {_f(rate)} QPS; %, mean ± 95% over seeds; requests in the bin over all seeds)", "",
-                  f"| stack | " + " | ".join(f"{h} tokens" for h in heads) + " | all |",
-                  "|---|" + "---|" * (len(heads) + 1)]
-            for label, v in row.items():
-                L.append(f"| {label} | " + " | ".join(
-                    f"{_f(b['violations_pct'][0], 1)} ± {_f(b['violations_pct'][1], 1)} (n={b['requests']})"
-                    for b in v["bins"][col]) + f" | {_f(v['all'][0], 1)} |")
-    d = res["diurnal"]
-    names = ["Q1", "Q2", "Q3", "Q1-low", "Q2-low", "Q3-low"]
-    if not d:
-        return "\n".join(L)
-    L += ["", f"## Diurnal ({len(DIURNAL_RATES)} segments of {d['segment_s']:g} s at {d['rates']} QPS "
-              f"(the seed's {list(DIURNAL_RATES)} in units of its EDF goodput), "
-              f"{d['num_requests']} requests, 20% low priority; violations %)", "",
-          "| stack | overall | critical (Q1–Q3 high) | " + " | ".join(names) + " | relegated (low) | seed overall |",
-          "|---|" + "---|" * (len(names) + 4)]
-    for label in [k for k in d if isinstance(d[k], dict) and "critical" in d[k]]:
-        row = d[label]
-        L.append(f"| {label} | {_f(row['all'][0])} ± {_f(row['all'][1])} | {_f(row['critical'][0])} ± "
-                 f"{_f(row['critical'][1])} | " + " | ".join(_f(row[n][0]) for n in names) +
-                 f" | {row['relegated']:.0f} ({row['relegated_low']:.0f}) | {SEED_DIURNAL.get(label, '—')} |")
-    return "\n".join(L)
 
 
 def _jsonable(x):

@@ -349,7 +349,8 @@ def unfinished_work(at_s: ArrayLike, arrival_s: ArrayLike, first_s: ArrayLike, f
         return cum[np.searchsorted(times[order], t, side="right")]
 
     arrived = total_by(a, p + d)
-    span = fin - first
+    with np.errstate(invalid="ignore"):                     # inf − inf where neither token came: not linear
+        span = fin - first
     linear = np.isfinite(fin) & (span > 0)                  # decodes over a positive time
     rate = np.where(linear, d / np.where(linear, span, 1.0), 0.0)   # decode tokens per s while decoding
     rate_first = rate * np.where(linear, first, 0.0)
