@@ -260,8 +260,8 @@ def _colour(verdict: str) -> str:
 
 def _print_verdicts(console: Console, stability: Mapping[str, StabilityVerdict]) -> None:
     """One line per tier (and all): the queue-trend verdict and its numbers."""
-    console.print(f"queue stability (median TTFT trend over arrival order, first/last {DEFAULT_DROP_FRACTION:.0%} of "
-                  "arrivals dropped):")
+    console.print("queue stability (work verdict: unfinished prefill + decode tokens vs run length, warm-up found "
+                  "and dropped):")
     for name, v in stability.items():
         console.print(f"  {name}: {_colour(str(v))}")
 
