@@ -129,7 +129,7 @@ def print_plan(console: Console, plan: Any, plan_path: Path) -> None:
     for row in rows:
         console.print(f"  #{row['rank']} reproduce: {row['reproduce']}", markup=False, highlight=False)
         console.print(f"      vLLM: {row['vllm']}", markup=False, highlight=False)
-    front = Table(title="Cost / attainment Pareto front (every probed fleet; worst tier's attainment − its goal)",
+    front = Table(title="Cost / attainment Pareto front (probed fleets with a stable queue; worst tier's attainment − its goal)",
                   header_style="bold")
     for col in ("fleet", "$/h", "worst margin", *tiers, "meets all"):
         front.add_column(col, justify="left" if col == "fleet" else "right")

@@ -315,8 +315,10 @@ class Plan:
         return [p for s in self.searches for p in s.probes]
 
     def pareto(self) -> list[Probe]:
-        """Fleets no other probed fleet beats on both cost (lower) and worst-tier margin (higher)."""
-        pts = sorted((p for p in self.all_probes() if not math.isnan(p.worst_margin)),
+        """Fleets no other probed fleet beats on both cost (lower) and worst-tier margin (higher), among those
+        whose queue was stable in most seeds (an unstable fleet's attainment describes a growing queue)."""
+        pts = sorted((p for p in self.all_probes() if not math.isnan(p.worst_margin)
+                      and 2 * p.stable_seeds > p.seeds_run),
                      key=lambda p: (p.cost_usd_h, -p.worst_margin))
         front: list[Probe] = []
         for p in pts:
