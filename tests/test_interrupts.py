@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tierserve.core.errors import Interrupted
-from tierserve.experiments.sweep import run_many
+from tierserve.experiments.runs import run_many
 
 
 @pytest.fixture(autouse=True)

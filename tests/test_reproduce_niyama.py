@@ -38,7 +38,8 @@ def test_deadline_criterion_allows_early_slack_and_rebases_late_first_tokens():
 
 def test_reproduce_niyama_micro_study(tmp_path):
     pytest.importorskip("matplotlib")
-    from tierserve.experiments.niyama import Study, run_study
+    from tierserve.experiments.niyama import Study
+    from tierserve.experiments.niyama_report import run_study
     from tierserve.workload.lengths import dataset_path
     try:
         dataset_path("azure2023_code").stat()

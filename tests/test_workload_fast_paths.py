@@ -44,7 +44,7 @@ def test_cells_parse_as_the_general_path_does(raw):
             outcome(reference_tokens, "f.csv", 3, "x", raw, minimum)
 
 
-def test_full_rows_and_other_rows_read_alike(tmp_path):
+def test_full_rows_and_other_rows_read_alike(tmp_path, monkeypatch):
     p = tmp_path / "t.csv"
     p.write_text("a, b ,c\n 1,2 , 3\n\n   \n4,5,6\n\"7\",\" 8\",9\n")
     t = read_csv_table(p)
@@ -54,6 +54,8 @@ def test_full_rows_and_other_rows_read_alike(tmp_path):
     assert read_csv_table(one).rows == [["1"], ["2"]]
     long_cell = tmp_path / "long.csv"
     long_cell.write_text("a,b\n1,2\n3," + "x" * 5000 + "\n")
+    assert read_csv_table(long_cell).rows[1][1] == "x" * 5000      # under the default cell limit (1 Mi characters)
+    monkeypatch.setenv("TIERSERVE_MAX_CELL_CHARS", "4096")           # the limit is read when a file is read
     with pytest.raises(TraceError, match=r"row 2.*5000 characters.*at most 4,096") as ei:
         read_csv_table(long_cell, error=TraceError)
     assert ei.value.row == 2

@@ -51,7 +51,7 @@ def interrupted_exit(exc: KeyboardInterrupt, out: Optional[Path] = None, kept: b
     for SIGTERM, as a shell reports a process stopped by that signal. What was published under `out` is said:
     with `kept`, the whole files staged so far (manifest "complete": false); otherwise nothing."""
     from tierserve.core.errors import Interrupted
-    from tierserve.experiments.sweep import last_signal
+    from tierserve.experiments.runs import last_signal
     err = Console(stderr=True)
     name = exc.signal_name if isinstance(exc, Interrupted) else last_signal()
     if isinstance(exc, Interrupted):
@@ -139,7 +139,7 @@ for _group in app.registered_groups:           # reproductions: each publishes i
 
 
 def main() -> None:
-    from tierserve.experiments.sweep import _raise_interrupt
+    from tierserve.experiments.runs import _raise_interrupt
     import signal
     signal.signal(signal.SIGTERM, _raise_interrupt)   # SIGTERM cleans up exactly as Ctrl-C does
     try:

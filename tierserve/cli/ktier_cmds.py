@@ -28,7 +28,8 @@ def ktier(quick: bool = typer.Option(False, "--quick", help="Same regimes, small
     seed's own table (labelled), with stability verdicts and 95% intervals over seeds."""
     from dataclasses import replace
 
-    from tierserve.experiments.ktier import Study, run_study
+    from tierserve.experiments.ktier import Study
+    from tierserve.experiments.ktier_report import run_study
     study = Study.quick() if quick else Study.standard() if standard else Study()
     study = replace(study, seeds=tuple(range(seeds)))
     if replicas is not None:

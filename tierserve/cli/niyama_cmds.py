@@ -38,7 +38,8 @@ def register(reproduce_app: typer.Typer) -> None:
 
         from rich.console import Console
 
-        from tierserve.experiments.niyama import Study, run_study
+        from tierserve.experiments.niyama import Study
+        from tierserve.experiments.niyama_report import run_study
         study = Study.quick() if quick else Study()
         if segment_s is not None:
             study = replace(study, segment_s=segment_s)

@@ -211,7 +211,7 @@ def _compare(console: Console, cfgs: Mapping[str, ScenarioConfig], executor: str
              steady_state: bool, drop_fraction: float, seeds: int, metrics: Sequence[str] | None = None) -> None:
     """Run each stack (over seeds when asked) and print them side by side with their stability verdicts."""
     from tierserve.experiments.capacity import run_seed_job, run_seeds_many
-    from tierserve.experiments.sweep import run_many
+    from tierserve.experiments.runs import run_many
     from tierserve.report import render_comparison
     first = next(iter(cfgs.values()))
     frac = _drop_fraction(steady_state, drop_fraction)

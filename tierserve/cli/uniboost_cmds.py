@@ -41,7 +41,8 @@ def register(reproduce_app: typer.Typer) -> None:
 
         from rich.console import Console
 
-        from tierserve.experiments.uniboost import Study, run_study
+        from tierserve.experiments.uniboost import Study
+        from tierserve.experiments.uniboost_report import run_study
         study = Study.quick() if quick else Study()
         study = replace(study, seeds=tuple(range(seeds)))
         if sections:

@@ -177,7 +177,7 @@ def run_seeds_many(cfgs: Mapping[str, ScenarioConfig], seeds: Sequence[int],
 
     With `outdir`, scenario `label` writes under `outdir/label/` (label "" writes into `outdir` itself).
     """
-    from tierserve.experiments.sweep import run_many
+    from tierserve.experiments.runs import run_many
     if not seeds:
         raise ValueError("run_seeds needs at least one seed")
     from tierserve.core.files import is_stage, output_folder
@@ -331,7 +331,7 @@ def find_capacity(make_run: Callable[..., SteadyRun], lo: float, hi: float,
             if executor == "serial":
                 runs[rate] = [judged_run(make_run, rate, s, run_length) for s in seeds]
             else:
-                from tierserve.experiments.sweep import run_many
+                from tierserve.experiments.runs import run_many
                 jobs = [{"make_run": make_run, "rate": rate, "seed": s, "run_length": run_length} for s in seeds]
                 runs[rate] = run_many(judged_run, jobs, executor=executor, progress=False)
         return runs[rate]

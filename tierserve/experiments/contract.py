@@ -262,7 +262,7 @@ def run_study(study: Study, out: Path, executor: str = "process", log: Callable[
               doc: Path | None = None, resume: bool = False) -> dict[str, Any]:
     """Run the study's sections in RUN_ORDER, saving results and report after each (`resume`: keep the
     sections an earlier run of the same study saved in `out` and run the rest)."""
-    from tierserve.experiments.sweep import run_many
+    from tierserve.experiments.runs import run_many
     t0 = time.perf_counter()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""Tables, CSV, plots and the Markdown report of the K-tier study (`tierserve.experiments.ktier`)."""
+"""Tables, CSV, plots and the Markdown report of the K-tier study (`tierserve.experiments.ktier`), and `run_study`:
+the study run whole (its runs, then this report; here so that the study module never imports its report)."""
 from __future__ import annotations
 
 import csv
@@ -12,6 +13,9 @@ from tierserve.experiments.ktier import (
     ATTAINMENT_GOAL, CLASS_NAMES, COST_FORMULA, NUM_CLASSES, POISSON, RECOVERY_TOLERANCE, RECOVERY_WINDOW_S,
     SEED_TABLE, Arrival, CapacityRow, RunSetup, Stack, Study, _cap_key, ladder_ttft_s, recovery_s, verdict_of,
 )
+import time
+from tierserve.experiments.runs import run_many
+from tierserve.experiments.ktier import _baseline, _call, capacity_job, gpus_job, ktier_stack, ladder_stacks, llumnix_two_level, point_job, run_point, seed_setup_job
 
 
 # ---- tables ---------------------------------------------------------------------------------------------
@@ -403,3 +407,133 @@ def markdown(study: Study, cap_rows, rho_rows, over_rows, vs_local, gpu_rows, se
                                "seed_prefill_mean_x", "e2e_p99_x", "seed_e2e_p99_x", "e2e_mean_x", "seed_e2e_mean_x",
                                "cost_latency_gain", "seed_cost_latency_gain", "finished", "censored"]), ""]
     return "\n".join(L) + "\n"
+
+
+# ---- the study run whole: its runs, then this report ---------------------------------------------------
+def run_study(study: Study, out: Path, executor: str = "process", progress: bool = True) -> dict[str, Any]:
+    """Run everything, write CSV/JSON/Markdown/PNG under `out`, return the tables."""
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    s0, k = study.setup, study.ladder_k
+    seeds, tol = tuple(study.seeds), study.rel_tol
+    variants = study.variants()
+    lo_r, hi_r = study.baseline_bracket_per_replica
+    # forked workers inherit the parent's loaded modules and cached model fits: one study, one code version
+    warm = ladder_stacks(k) + [ktier_stack(k, adaptive=True), llumnix_two_level(1)]
+    for s in variants.values():
+        for st in warm if s == s0 else warm[:1]:
+            run_point(st, replace(s, num_replicas=2, num_requests=20), POISSON, 1.0, 0)
+
+    # Phase 1: the baseline's capacity for every arrival process and setup (ρ and brackets come from it).
+    base_jobs: list[dict[str, Any]] = []
+    arrivals = (POISSON,) + tuple(study.bursty_arrivals)
+    for a in arrivals:
+        base_jobs.append(dict(group="controls" if a == POISSON else f"arrival {a.label}", stack=_baseline(k),
+                              setup=s0, arrival=a, lo=lo_r * s0.num_replicas, hi=hi_r * s0.num_replicas,
+                              seeds=seeds, rel_tol=tol))
+    for name, s in variants.items():
+        if name and (s.token_budget, s.exec_mode, s.model) != (s0.token_budget, s0.exec_mode, s0.model):
+            base_jobs.append(dict(group=f"sensitivity {name}", stack=_baseline(k), setup=s, arrival=POISSON,
+                                  lo=lo_r * s.num_replicas, hi=hi_r * s.num_replicas, seeds=seeds, rel_tol=tol))
+    base_rows: list[CapacityRow] = run_many(capacity_job, base_jobs, executor=executor, progress=progress,
+                                            description="ktier: baseline capacity")
+    base_cap = {_cap_key(r.setup, r.arrival): r.rate for r in base_rows}
+    for name, s in variants.items():   # bandwidth changes nothing without migration: reuse the main baseline
+        base_cap.setdefault(_cap_key(s, POISSON), base_cap[_cap_key(s0, POISSON)])
+    c_base = base_cap[_cap_key(s0, POISSON)]
+    if not (c_base > 0):
+        raise RuntimeError(f"the baseline's capacity was not found in [{lo_r}, {hi_r}] req/s per replica")
+
+    def bracket(s: RunSetup, a: Arrival) -> tuple[float, float]:
+        c = base_cap[_cap_key(s, a)]
+        if not (c > 0):
+            c = lo_r * s.num_replicas
+        return study.bracket[0] * c, study.bracket[1] * c
+
+    # Phase 2: every other capacity search, the load sweeps, the overload episode, GPUs needed, the seed's table.
+    cap_jobs: list[dict[str, Any]] = []
+
+    def add_cap(group: str, stack: Stack, s: RunSetup = s0, a: Arrival = POISSON) -> None:
+        lo, hi = bracket(s, a)
+        cap_jobs.append(dict(group=group, stack=stack, setup=s, arrival=a, lo=lo, hi=hi, seeds=seeds, rel_tol=tol))
+
+    full_ladder = ladder_stacks(k)
+    ladder = [st for st in full_ladder if st.label in study.controls]
+    for st in ladder[1:]:
+        add_cap("controls", st)
+    for kk in study.ks:
+        if kk != k:
+            add_cap("K sweep", ktier_stack(kk))
+    for kk in study.adaptive_ks:
+        add_cap("K sweep", ktier_stack(kk, adaptive=True))
+    if study.ladder_k != 10 and 10 in study.ks:
+        add_cap("K sweep", Stack("local_prio", "vllm_priority", "infaas", 10))   # local priority at full resolution
+    if study.two_level:
+        add_cap("two-level llumnix", llumnix_two_level(1))
+        add_cap("two-level llumnix", llumnix_two_level(5))
+    for name, s in variants.items():
+        if not name:
+            continue
+        if s.bandwidth_gbytes_s == s0.bandwidth_gbytes_s:
+            add_cap(f"sensitivity {name}", full_ladder[1], s)
+        add_cap(f"sensitivity {name}", full_ladder[-1], s)
+
+    point_jobs: list[dict[str, Any]] = []
+    by_label = {st.label: st for st in full_ladder}
+    for rho in study.rhos:
+        for st in ladder:
+            for sd in seeds:
+                point_jobs.append(dict(tag="rho", stack=st, setup=s0, arrival=POISSON, rate=rho * c_base, seed=sd,
+                                       rho=rho, rho_of=POISSON.label))
+    if study.two_level:
+        for rho in study.two_level_rhos:
+            for st in (llumnix_two_level(1), llumnix_two_level(5)):
+                for sd in seeds:
+                    point_jobs.append(dict(tag="rho", stack=st, setup=s0, arrival=POISSON, rate=rho * c_base,
+                                           seed=sd, rho=rho, rho_of=POISSON.label))
+    for a in study.bursty_arrivals:
+        ca, of = base_cap[_cap_key(s0, a)], a.label
+        if not (ca > 0):     # no capacity under this arrival process even at the bracket's bottom: use Poisson's
+            ca, of = c_base, POISSON.label
+        for rho in study.bursty_rhos:
+            for lab in study.bursty_stacks:
+                for sd in seeds:
+                    point_jobs.append(dict(tag="rho", stack=by_label[lab], setup=s0, arrival=a, rate=rho * ca,
+                                           seed=sd, rho=rho, rho_of=of))
+    for st in ladder:
+        for sd in seeds:
+            point_jobs.append(dict(tag="overload", stack=st, setup=s0, arrival=study.overload,
+                                   rate=study.overload_rho * c_base, seed=sd, rho=study.overload_rho,
+                                   rho_of=POISSON.label))
+
+    # GPUs needed at 1× and gpus_factor× the baseline's capacity: the cost must grow at most linearly in load
+    gpu_jobs = [dict(label=st.label, stack=st, setup=s0, rate=f * c_base, start=int(math.ceil(f * s0.num_replicas)),
+                     max_n=2 * int(math.ceil(f * s0.num_replicas)) + 2, seeds=seeds)
+                for f in (1.0, study.gpus_factor) for st in ladder]
+    # the baseline's capacity again with every run twice as long: it must fall in the first one's interval
+    longer = replace(s0, num_requests=2 * s0.num_requests, max_requests=2 * s0.max_requests)
+    lo2, hi2 = bracket(s0, POISSON)
+    cap_jobs.append(dict(group="run length ×2", stack=_baseline(k), setup=longer, arrival=POISSON, lo=lo2, hi=hi2,
+                         seeds=seeds, rel_tol=tol))
+
+    seed_jobs = []
+    for n in study.seed_requests:
+        seed_jobs.append(dict(system="baseline", local="vllm", cluster="infaas", k=max(study.seed_ks)))
+        seed_jobs[-1].update(num_requests=n)
+        for kk in study.seed_ks:
+            seed_jobs.append(dict(system="llumnix_k", local="llumlet", cluster="llumnix_k", k=kk, num_requests=n))
+    for j in seed_jobs:
+        j.update(num_replicas=study.seed_replicas, rate_per_replica=study.seed_rate_per_replica, model=s0.model,
+                 gpu=s0.gpu)
+
+    # one pool for everything: long jobs first so the pool does not end on a straggler
+    tagged = ([("gpus", gpus_job, j) for j in gpu_jobs] + [("cap", capacity_job, j) for j in cap_jobs]
+              + [("seed", seed_setup_job, j) for j in seed_jobs] + [("point", point_job, j) for j in point_jobs])
+    results = run_many(_call, [{"fn": fn, "job": j} for _, fn, j in tagged], executor=executor,
+                       progress=progress, description="ktier: study")
+    gpus = [r for (t, _, _), r in zip(tagged, results) if t == "gpus"]
+    caps = base_rows + [r for (t, _, _), r in zip(tagged, results) if t == "cap"]
+    seed_rows = [r for (t, _, _), r in zip(tagged, results) if t == "seed"]
+    points = [r for (t, _, _), r in zip(tagged, results) if t == "point"]
+    wall_s = time.perf_counter() - t0
+    return write_report(study, out, caps, points, gpus, seed_rows, base_cap, wall_s)

@@ -1,4 +1,5 @@
-"""The Markdown report of the Niyama study (`tierserve.experiments.niyama`)."""
+"""The Markdown report of the Niyama study (`tierserve.experiments.niyama`), and `run_study`: the study run whole
+(its runs, then this report; here so that the study module never imports its report)."""
 from __future__ import annotations
 
 import math
@@ -8,6 +9,11 @@ from tierserve.experiments.niyama import (
     CALIBRATED, CALIBRATED_MODE, DECODE_BINS, DIURNAL_RATES, PROMPT_BINS, SEED_ABLATION, SEED_DIURNAL,
     SEED_GOODPUT, SEED_GPUS_50QPS, STACKS, Study,
 )
+from pathlib import Path
+from tierserve.experiments.scenario import ScenarioConfig
+from dataclasses import asdict
+from tierserve.policies.cluster.silo import silo_layout
+from tierserve.experiments.niyama import ABLATION, CLASSES, Points, SILO_CHUNKS, _cap_row, _save, diurnal_jobs_of, diurnal_rows, judge_whole, plot_diurnal, run_searches, scenario
 
 
 # ---- report ----------------------------------------------------------------------------------------------
@@ -127,3 +133,155 @@ def report(study: Study, res: dict[str, Any]) -> str:
                  f"{_f(row['critical'][1])} | " + " | ".join(_f(row[n][0]) for n in names) +
                  f" | {row['relegated']:.0f} ({row['relegated_low']:.0f}) | {SEED_DIURNAL.get(label, '—')} |")
     return "\n".join(L)
+
+
+# ---- the study run whole: its runs, then this report ---------------------------------------------------
+def run_study(study: Study, out: str | Path, executor: str = "process", log=print,
+              reuse: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run every part: first every capacity search (one process pool, `study.workers` processes, each search
+    serial inside), then every fixed-rate run (one pool). `reuse` (a previous niyama_results.json of the same
+    study) skips the Llama-3-8B goodput and silo searches and takes their results from it."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    res: dict[str, Any] = {"study": asdict(study), "goodput": {}, "second_model": {}, "gpus": {}, "dispatch": {},
+                           "ablation": {}, "alpha": {}, "lengths": {}, "diurnal": {}}
+    m = study.cluster_replicas
+    d0 = study.datasets[0]
+
+    # Phase 1: capacity searches. -------------------------------------------------------------------------
+    jobs: list[dict[str, Any]] = []
+
+    def search(key: tuple, cfg: ScenarioConfig, goals=None, hi: float | None = None, planner: str = "") -> None:
+        jobs.append({"key": key, "study": study, "cfg": cfg, "goals": goals, "hi": hi or study.hi,
+                     "planner": planner})
+
+    if reuse is None:
+        for d in study.datasets:
+            for label, (pol, params) in STACKS.items():
+                search(("goodput", d, label), scenario(study, d, pol, params))
+            search(("goodput", d, CALIBRATED), scenario(study, d, "niyama", {}), planner=CALIBRATED_MODE)
+        for d in (() if study.goodput_only else study.datasets):
+            search(("shared", d), scenario(study, d, "niyama", {}, replicas=m, cluster_policy="jsq",
+                                           num_requests=study.cluster_requests), hi=study.hi * m)
+            for c, chunk in enumerate(SILO_CHUNKS):
+                params, chunks = silo_layout([[c]], [m], [chunk])
+                cfg = scenario(study, d, "sarathi_fcfs", {"chunk_by_replica": chunks}, replicas=m,
+                               cluster_policy="silo", cluster_params=params, num_requests=study.cluster_requests,
+                               tiers={"num_tiers": 3, "preset": "niyama",
+                                      "weights": [1.0 if i == c else 0.0 for i in range(3)]})
+                search(("silo", d, c), cfg, goals={CLASSES[c]: 0.99}, hi=study.hi * m * 3)
+        if study.ablation_goodput:
+            for label, (pol, params) in ABLATION.items():
+                if label not in ("Sarathi-EDF", "+SP (Niyama)"):
+                    search(("ablation", d0, label), scenario(study, d0, pol, params))
+    else:
+        res["goodput"], res["gpus"] = reuse["goodput"], reuse["gpus"]
+        res["reused_from"] = "Llama-3-8B goodput and silo searches of a previous run (niyama_results.json)"
+    for d in (() if study.goodput_only else study.second_datasets):
+        for label, (pol, params) in STACKS.items():
+            search(("second", d, label), scenario(study, d, pol, params, model=study.second_model,
+                                                   tp=study.second_tp))
+    k = study.dispatch_replicas
+    for name in (() if study.goodput_only else study.dispatchers):
+        search(("dispatch", d0, name), scenario(study, d0, "niyama", {}, replicas=k, cluster_policy=name,
+                                                 num_requests=study.dispatch_requests_per_replica * k),
+               hi=study.hi * k)
+    found = run_searches(study, jobs, executor, log)
+
+    for (kind, *rest), r in found.items():
+        if kind == "goodput":
+            res["goodput"].setdefault(rest[0], {})[rest[1]] = _cap_row(r)
+        elif kind == "second":
+            res["second_model"].setdefault(rest[0], {})[rest[1]] = _cap_row(r)
+        elif kind == "dispatch":
+            res["dispatch"][rest[1]] = {"capacity": r["rate"], "per_replica": r["rate"] / k, "replicas": k,
+                                        **_cap_row(r)}
+    for d in (study.datasets if reuse is None and not study.goodput_only else ()):
+        shared = found[("shared", d)]["rate"]
+        pools = [found[("silo", d, c)]["rate"] for c in range(len(SILO_CHUNKS))]
+        share = study.target_qps / 3
+        silo_gpus = [math.ceil(share * m / p) if p > 0 else math.nan for p in pools]
+        shared_gpus = math.ceil(study.target_qps * m / shared) if shared > 0 else math.nan
+        res["gpus"][d] = {"shared_capacity": shared, "pool_capacity": pools, "silo_gpus": silo_gpus,
+                          "silo_total": sum(silo_gpus), "niyama_gpus": shared_gpus}
+        log(f"GPUs for {study.target_qps:g} QPS on {d}: silos {silo_gpus} = {sum(silo_gpus)}, Niyama {shared_gpus}")
+    _save(out, res)
+    if study.goodput_only:
+        res["markdown"] = report(study, res)
+        (out / "niyama_report.md").write_text(res["markdown"] + "\n")
+        res["plots"] = []
+        return res
+
+    # Phase 2: fixed-rate runs. ---------------------------------------------------------------------------
+    points = Points(study)
+    g0 = res["goodput"][d0]
+    edf_goodput, ny_goodput = g0["Sarathi-EDF"]["rate"], g0["Niyama"]["rate"]
+    overload = study.overload_rho * edf_goodput
+    res["ablation_overload_rate"] = overload
+    ablation_pts, alpha_pts = {}, {}
+    if reuse is not None and reuse.get("ablation") and reuse.get("alpha"):
+        # Their stacks carry no tier importance, which is all this change touched in `niyama`: same runs.
+        res["ablation"], res["alpha"] = reuse["ablation"], reuse["alpha"]
+        res["reused_from"] += "; ablation and α runs"
+    else:
+        for label, (pol, params) in ABLATION.items():
+            ablation_pts[label] = points.add(scenario(study, d0, pol, params), overload)
+        alpha_pts = {alpha: {rho: points.add(scenario(study, d0, "niyama", {"alpha_s_per_token": alpha}),
+                                             rho * ny_goodput) for rho in (1.0, study.overload_rho)}
+                     for alpha in study.alphas}
+    # Violations by request length: every stack at the same rates (ρ = 1 and the overload, in units of
+    # Sarathi-EDF's goodput, as the ablation).
+    length_pts = {rho: {label: points.add(scenario(study, d0, pol, params), rho * edf_goodput)
+                        for label, (pol, params) in STACKS.items()} for rho in (1.0, study.overload_rho)}
+    jsq_cap = res["dispatch"].get("jsq", {}).get("capacity", math.nan)
+    dispatch_pts = {}
+    if math.isfinite(jsq_cap) and jsq_cap > 0:
+        for name in study.dispatchers:
+            cfg = scenario(study, d0, "niyama", {}, replicas=k, cluster_policy=name)
+            dispatch_pts[name] = {rho: points.add(cfg, rho * jsq_cap) for rho in study.dispatch_rhos}
+    diurnal_jobs = diurnal_jobs_of(study, res["goodput"][study.diurnal_dataset]["Sarathi-EDF"]["rate"]) \
+        if study.diurnal_dataset in res["goodput"] else None
+    log(f"fixed-rate runs: {len(points.jobs)} ({len(points.where)} points × {len(study.seeds)} seeds)"
+        + (f", diurnal runs: {len(diurnal_jobs[1])}" if diurnal_jobs else ""))
+    extra = []
+    if diurnal_jobs:                       # longest jobs first, so the pool ends with short ones
+        extra = [{"fn": judge_whole, "kw": j} for j in diurnal_jobs[1]]
+    pts, extra_runs = points.run(executor, extra)
+
+    for label, pid in ablation_pts.items():
+        if label == "Sarathi-EDF":
+            cap = edf_goodput
+        elif label == "+SP (Niyama)":
+            cap = ny_goodput
+        elif reuse is not None:
+            cap = reuse.get("ablation", {}).get(label, {}).get("goodput", math.nan)
+        else:
+            cap = found[("ablation", d0, label)]["rate"] if ("ablation", d0, label) in found else math.nan
+        v = pts[pid]
+        res["ablation"][label] = {"goodput": cap, "overload": v}
+        log(f"ablation {label:<13} goodput {cap:.3g}  at {overload:.3g} QPS: violations {v['all'][0]:.1f} ± "
+            f"{v['all'][1]:.1f}% ({v['stable_seeds']}/{len(study.seeds)} seeds stable)")
+    for alpha, row in alpha_pts.items():
+        res["alpha"][alpha] = {rho: pts[pid] for rho, pid in row.items()}
+        log(f"alpha {alpha * 1e3:g} ms/token: " + ", ".join(
+            f"ρ={rho:g}: {v['all'][0]:.1f}% (Q1 {v['Q1'][0]:.1f}%)" for rho, v in res["alpha"][alpha].items()))
+    for rho, row in length_pts.items():
+        res["lengths"][rho] = {label: pts[pid] for label, pid in row.items()}
+        for label, v in res["lengths"][rho].items():
+            log(f"lengths ρ={rho:g} {label:<13} by prompt: " + " ".join(
+                f"{b['violations_pct'][0]:.1f}" for b in v["bins"]["prompt_tokens"]) + "  by decode: " + " ".join(
+                f"{b['violations_pct'][0]:.1f}" for b in v["bins"]["output_tokens"]))
+    for name, row in dispatch_pts.items():
+        res["dispatch"][name]["points"] = {rho: pts[pid] for rho, pid in row.items()}
+        log(f"dispatch {name:<15} {k} replicas: capacity {res['dispatch'][name]['capacity']:.3g} QPS ("
+            f"{res['dispatch'][name]['per_replica']:.3g}/replica); " + ", ".join(
+                f"ρ={rho:g}: {v['all'][0]:.1f}% (Q1 {v['Q1'][0]:.1f}, Q2 {v['Q2'][0]:.1f}, Q3 {v['Q3'][0]:.1f})"
+                for rho, v in res["dispatch"][name]["points"].items()))
+    _save(out, res)
+
+    res["diurnal"] = diurnal_rows(diurnal_jobs[0], extra_runs, diurnal_jobs[2], log) if diurnal_jobs else {}
+    _save(out, res)
+    res["markdown"] = report(study, res)
+    (out / "niyama_report.md").write_text(res["markdown"] + "\n")
+    res["plots"] = plot_diurnal(res["diurnal"], out / "niyama_diurnal_p99.png") if res["diurnal"] else []
+    return res

@@ -351,7 +351,7 @@ def plan_fleet(mix: PlanMix, executor: str = "process", workers: int | None = No
     burst what-if, overflow rules, the pool-per-class plan and, for a daily curve, replicas per hour."""
     import time
 
-    from tierserve.experiments.sweep import run_many
+    from tierserve.experiments.runs import run_many
     t0 = time.perf_counter()
     stacks, _ = usable_stacks(mix.search.stacks)
     data = mix.model_dump(mode="json")
@@ -377,7 +377,7 @@ def plan_fleet(mix: PlanMix, executor: str = "process", workers: int | None = No
 
 
 def add_extras(plan: Plan, executor: str, workers: int | None, progress: bool) -> None:
-    from tierserve.experiments.sweep import run_many
+    from tierserve.experiments.runs import run_many
     mix, chosen = plan.mix, plan.chosen
     assert chosen is not None
     data = mix.model_dump(mode="json")
@@ -621,7 +621,7 @@ class Verification:
 def verify_plan(plan: Plan, seeds: Sequence[int] = (100, 101, 102), executor: str = "process",
                 workers: int | None = None) -> list[Verification]:
     """The chosen fleet and its next-cheaper neighbour (`next_cheaper`) at seeds the search never used, every seed run (no early stop): the plan should meet every tier, the neighbour miss one."""
-    from tierserve.experiments.sweep import run_many
+    from tierserve.experiments.runs import run_many
     chosen = plan.chosen
     if chosen is None:
         raise ConfigError("plan", "no passing fleet", "a plan with a chosen fleet to verify")

@@ -1,4 +1,5 @@
-"""The Markdown report and γ plot of the UniBoost study (`tierserve.experiments.uniboost`)."""
+"""The Markdown report and γ plot of the UniBoost study (`tierserve.experiments.uniboost`), and `run_study`: the study
+run whole (its runs, then this report; here so that the study module never imports its report)."""
 from __future__ import annotations
 
 import math
@@ -11,6 +12,12 @@ from tierserve.experiments.uniboost_runs import (
     ABLATION, METRICS, SEED_FIG7, SEED_HEADLINE, SEED_SLO_GAIN,
 )
 from tierserve.metrics.stability import mean_ci95
+import json
+import time
+from typing import Any
+from dataclasses import asdict
+from tierserve.experiments.uniboost_runs import run_point
+from tierserve.experiments.uniboost import _capacity_setups, _jobs_for, _label, _point_key, _same_setup, _write_json, capacities, saturation_capacity
 
 # ---- report -------------------------------------------------------------------------------------------------
 def group(rows, section, label=None, rho=None, setup=None):
@@ -340,3 +347,148 @@ def report(study: Study, rows, caps, derived=None, saturation=None) -> str:
                   f"P95 TTFT {pct_vs(ada, fixed, 'ttft.p95')} (positive = γ-Ada better).", ""]
     return "\n".join(lines)
 
+
+# ---- the study run whole: its runs, then this report ---------------------------------------------------
+def run_study(study: Study, outdir: str | Path, executor: str = "process", log=print,
+              reuse_meta: str | Path | None = None, resume: bool = False) -> dict[str, Any]:
+    """Capacities, then every point in batches (see the module doc). `reuse_meta`: a previous run's
+    uniboost_meta.json whose measured capacities (and probes) are taken instead of searching again — only for
+    setups identical to this study's (same requests, model, replicas, workload); the others are searched.
+    `resume`: keep the runs already in outdir's uniboost_runs.json that match a job of this study exactly (same
+    policy, parameters, setup, rate and seed) and run only the rest."""
+    from tierserve.core.errors import Interrupted
+    from tierserve.experiments.runs import run_many
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    to_measure, derived = _capacity_setups(study)
+    old_meta = (json.loads((out / "uniboost_meta.json").read_text())
+                if resume and (out / "uniboost_meta.json").exists() else None)
+    meta: dict[str, Any] = {"status": "capacity search", "study": asdict(study), "capacities_rps": {},
+                            "capacity_derived": derived}
+    found: dict[str, dict] = {}
+    if reuse_meta is not None:
+        old = json.loads(Path(reuse_meta).read_text())
+        old_setups = {v["name"]: v for v in old["study"].values() if isinstance(v, dict) and "name" in v}
+        for su in list(to_measure):
+            same = _same_setup(old_setups.get(su.name), su, ignore=("drain_s",))
+            if same and su.name in old.get("capacity_probes", {}):
+                found[su.name] = {"rate": old["capacities_rps"][su.name], "probes": old["capacity_probes"][su.name]}
+                to_measure.remove(su)
+                log(f"capacity of {su.name}: {found[su.name]['rate']:.4g} req/s, reused from {reuse_meta}")
+        meta["capacity_reused_from"] = str(reuse_meta)
+    _write_json(out / "uniboost_meta.json", meta)
+    (out / "uniboost_report.md").write_text("# UniBoost (seed 001) on tierserve\n\n**PARTIAL: still searching "
+                                            "capacities; no point has run yet.**\n")
+    saturation: dict[str, Any] = {}
+    su = study.starvation
+    if "starvation" in study.sections and any(m.name == su.name for m in to_measure):
+        # where the capacity search starts: fcfs's completion rate when backlogged (an under-estimate when
+        # fcfs thrashes under a backlog, so the search doubles up from it)
+        saturation[su.name] = saturation_capacity(su, study.seeds, study.saturation_requests, executor, log)
+    elif reuse_meta is not None and su.name in found:     # the capacity came from there: so does its start point
+        saturation.update(json.loads(Path(reuse_meta).read_text()).get("saturation", {}))
+    meta["saturation"] = saturation
+    if to_measure:
+        log(f"capacity search for {', '.join(s.name for s in to_measure)} ({len(study.seeds)} seeds per probe)")
+        found.update(capacities(to_measure, study.seeds, study.capacity_rel_tol, executor, log,
+                                guesses={k: v["rate"] for k, v in saturation.items()}, mode=study.preempt_mode))
+    caps = {k: v["rate"] for k, v in found.items()}
+    if study.dispatch.name in derived:
+        caps[study.dispatch.name] = study.dispatch.num_replicas * caps[study.fig7.name]
+    if study.tiers.name in derived:
+        caps[study.tiers.name] = caps[study.table2.name]
+    cap_wall = time.perf_counter() - t0
+    jobs = _jobs_for(study, caps)
+    meta.update(capacities_rps=caps, capacity_probes={k: v["probes"] for k, v in found.items()},
+                capacity_wall_s=cap_wall, status="running", runs_total=len(jobs))
+    log("capacities (fcfs, stable-only): " + ", ".join(f"{k} {v:.4g} req/s" for k, v in caps.items())
+        + f"  [{cap_wall:.0f} s]; {len(jobs)} runs to go")
+    _write_json(out / "uniboost_meta.json", meta)
+
+    points: dict[tuple, list[int]] = {}
+    for i, j in enumerate(jobs):
+        points.setdefault(_point_key(j), []).append(i)
+    keys = list(points)
+    batches = [keys[i:i + study.batch_points] for i in range(0, len(keys), study.batch_points)]
+    rows: list[dict[str, Any]] = []
+    def job_id(policy, params, setup_name, rate, seed, replica=0) -> str:
+        return json.dumps([policy, params, setup_name, round(rate, 9), seed] + ([replica] if replica else []),
+                          sort_keys=True, default=float)
+    have: set[str] = set()
+    if resume and (out / "uniboost_runs.json").exists() and old_meta is not None:
+        # a run is kept only if its setup family is unchanged (the previous meta's Setup equals this study's)
+        same = {k for k, v in asdict(study).items() if isinstance(v, dict) and "name" in v
+                and _same_setup(old_meta["study"].get(k), getattr(study, k))}
+        fam = {getattr(study, k).name for k in same}
+        old_rows = {job_id(r["policy"], r["params"], r["setup"], r["rate"], r["seed"], r.get("replica", 0)): r
+                    for r in json.loads((out / "uniboost_runs.json").read_text())}
+        for j in jobs:
+            base = j["setup"]["name"].split("_chunk")[0].split("_")[0]
+            if base.startswith(study.replay.name) and base[len(study.replay.name):].isdigit():
+                base = study.replay.name            # replay<N>: the replay family at N replicas
+            jid = job_id(j["policy"], j["params"], j["setup"]["name"], j["rate"], j["seed"],
+                         j["setup"]["replay_replica"])
+            r = old_rows.get(jid)
+            if r is not None and base in fam:
+                rows.append(r)
+                have.add(jid)
+        meta["resumed_runs"] = len(rows)
+        log(f"resume: {len(rows)} of {len(jobs)} runs kept from {out / 'uniboost_runs.json'} "
+            f"(unchanged setups: {', '.join(sorted(fam))})")
+
+    def flush(status: str) -> str:
+        meta.update(status=status, runs_done=len(rows), wall_s=time.perf_counter() - t0)
+        _write_json(out / "uniboost_runs.json", rows)
+        _write_json(out / "uniboost_meta.json", meta)
+        n_done: dict[tuple, int] = {}
+        for r in rows:
+            kk = (r["section"], r["setup"], r["label"], r["rho"])
+            n_done[kk] = n_done.get(kk, 0) + 1
+        missing = [k for k in keys if n_done.get(k, 0) < len(points[k])]
+        md = report(study, rows, caps, derived, saturation)
+        if missing:
+            secs = sorted({k[0] for k in missing}, key=[k[0] for k in keys].index)
+            md = md.replace("# UniBoost (seed 001) on tierserve\n", "# UniBoost (seed 001) on tierserve\n\n"
+                            f"**{status}: {len(keys) - len(missing)} of {len(keys)} points finished "
+                            f"({len(rows)} of {len(jobs)} runs). Sections with points still missing: "
+                            f"{', '.join(secs)}. Not the complete study.**\n", 1)
+        (out / "uniboost_report.md").write_text(md)
+        log(f"capacity searches {cap_wall:.0f} s; {len(rows)} of {len(jobs)} runs; wall "
+            f"{time.perf_counter() - t0:.0f} s ({executor})")
+        gamma_plot(rows, study, out / "uniboost_gamma.png")
+        return md
+
+    def add_rows(idx: list[int], results: list) -> None:
+        for i, r in zip(idx, results):
+            if r is not None:
+                rows.append({**r, "section": jobs[i]["section"], "rho": jobs[i]["rho"], "label": _label(jobs[i])})
+
+    for b, batch in enumerate(batches, 1):
+        idx = [i for k in batch for i in points[k]
+               if job_id(jobs[i]["policy"], jobs[i]["params"], jobs[i]["setup"]["name"], jobs[i]["rate"],
+                         jobs[i]["seed"], jobs[i]["setup"]["replay_replica"]) not in have]
+        if not idx:
+            continue
+        # the longest runs first (boost-family policies, more requests), so the pool's tail is short
+        idx.sort(key=lambda i: -(jobs[i]["setup"]["num_requests"] * (2.5 if "boost" in jobs[i]["policy"] else 1.0)))
+        tb = time.perf_counter()
+        try:
+            res = run_many(run_point, [{k: v for k, v in jobs[i].items() if k not in ("section", "rho")}
+                                       for i in idx], executor=executor, progress=True,
+                           description=f"batch {b}/{len(batches)}")
+        except Interrupted as e:
+            add_rows(idx, e.results)
+            flush("INTERRUPTED")
+            raise
+        add_rows(idx, res)
+        for k in batch:
+            g = [r for r in rows if (r["section"], r["setup"], r["label"], r["rho"]) == k]
+            log(f"[{b}/{len(batches)}] {k[0]} {k[2]} ρ={k[3]}: stable {stable_share(g)}, "
+                f"ttft.p95 {ci(g, 'ttft.p95')} s, ttlt.p99 {ci(g, 'ttlt.p99')} s, "
+                f"preemptions {ci(g, 'preemptions')}")
+        log(f"[{b}/{len(batches)}] batch of {len(idx)} runs in {time.perf_counter() - tb:.0f} s; "
+            f"{len(rows)}/{len(jobs)} runs done, {time.perf_counter() - t0:.0f} s elapsed")
+        flush("PARTIAL" if b < len(batches) else "complete")
+    md = flush("complete")
+    return {"markdown": md, "rows": rows, "capacities": caps}
