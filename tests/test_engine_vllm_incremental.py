@@ -15,6 +15,7 @@ import pytest
 
 from tierserve.engines.vllm import EngineSettings, PolicyDriver
 from tierserve.engines.vllm.driver import fixed_waiting_key, make_policy
+from tierserve.policies.local.base import declares_steady_plans
 from tierserve.engines.vllm.queues import KeptWaitingQueue
 from tierserve.policies.local.vllm import VLLMPriorityPolicy
 
@@ -178,12 +179,16 @@ def test_which_policies_keep_their_waiting_order():
     def relegated_last(s):
         return (s.relegated, s.tier, s.arrival_s, s.id)
 
-    class DeclaredOrder(VLLMPriorityPolicy):        # its own order, and the key it promises
+    class UndeclaredOrder(VLLMPriorityPolicy):      # its own order and key, under the inherited plan
         waiting_order_key = staticmethod(relegated_last)
 
         def order_waiting(self, waiting):
             return sorted(waiting, key=relegated_last)
 
+    # the traits' rule, shared with the simulator: behaviour defined under an inherited plan keeps no promise
+    # until the class declares its steady plans
+    assert fixed_waiting_key(UndeclaredOrder()) is None
+    DeclaredOrder = declares_steady_plans(type("DeclaredOrder", (UndeclaredOrder,), {}))
     assert fixed_waiting_key(DeclaredOrder()) is relegated_last
     p = VLLMPriorityPolicy()
     p.order_waiting = lambda waiting: waiting

@@ -43,7 +43,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from tierserve.core import (AllocationRule, ConfigError, PreemptMode, Request, RequestState, Status)
 from tierserve.policies.local import LOCAL_POLICIES, LocalPolicy, PolicyError, ReplicaView
-from tierserve.policies.local.llumlet import LlumletPolicy
+from tierserve.policies.local.traits import traits_of
 from tierserve.policies.local.vllm import VLLMPolicy
 from tierserve.engines.vllm.logs import DecisionLog, IterationLog, RequestLog
 from tierserve.engines.vllm.mapping import request_meta
@@ -105,39 +105,19 @@ def check_calibration(policy: LocalPolicy, exec_model_file: str | None) -> None:
                           f"set exec_model_file")
 
 
-_HOOKS = ("on_arrival", "on_iteration_end", "on_preempt", "on_relegate", "on_migrate_out", "on_migrate_in",
-          "on_finish")
-
-
 def fixed_waiting_key(policy: LocalPolicy) -> Callable[[RequestState], Any] | None:
     """The key `policy.order_waiting` sorts by, where the driver can keep that order between steps; else None.
 
-    Kept only when (a) the plan reads the waiting queue solely through `order_waiting` and admits a prefix of
-    that order (vLLM v1's `VLLMPolicy.plan`/`resumable`, or llumlet's wrapper of it), (b) no hook of the
-    policy's could change a state behind the driver's back, and (c) the policy declares the key
-    (`LocalPolicy.waiting_order_key`), which moves only with what the driver itself updates (and re-keys on).
-    vllm_priority, vllm_priority_sorted and llumlet without promotion: (tier, arrival, id), fixed at entry.
-    vllm_edf: (prefill deadline, arrival, id), which moves with num_generated (synced at preemption) and
-    first_token_s (delivered tokens) only. llumlet with `promote_after_s` re-ranks waiting requests as time
-    passes and declares no key; so does any policy that has not declared one: they take the full path.
+    What the policy promises is read from its traits (`tierserve.policies.local.traits`, the one place that
+    infers promises, shared with the simulator's executor): a declared `waiting_order_key`, a plan that admits a
+    prefix of that order, no hook that could change a state behind the driver's back. The driver adds one need
+    of its own: its kept path stands in for vLLM v1's `resumable`, so the policy must use `VLLMPolicy`'s.
+    vllm_priority, vllm_priority_sorted and llumlet without promotion: (tier, arrival, id), fixed at entry;
+    vllm_edf: (prefill deadline, arrival, id). Policies without a key take the full path.
     """
-    cls = type(policy)
-    own = getattr(policy, "__dict__", {})
-    if any(name in own for name in ("plan", "order_waiting", "resumable")):
+    if getattr(type(policy), "resumable", None) is not VLLMPolicy.resumable or "resumable" in policy.__dict__:
         return None
-    if cls.plan not in (VLLMPolicy.plan, LlumletPolicy.plan) or cls.resumable is not VLLMPolicy.resumable:
-        return None
-    if any(getattr(cls, h) is not getattr(LocalPolicy, h) for h in _HOOKS):
-        return None
-    key = getattr(policy, "waiting_order_key", None)
-    if key is None:
-        return None
-    # the key is declared by the class that defines `order_waiting`, or below it: a subclass that overrides
-    # `order_waiting` without redeclaring the key has not promised it
-    owner = cls.__mro__.index(next(c for c in cls.__mro__ if "order_waiting" in c.__dict__))
-    if not any("waiting_order_key" in c.__dict__ for c in cls.__mro__[:owner + 1]):
-        return None
-    return key
+    return traits_of(policy).fixed_waiting_key
 
 
 @dataclass(slots=True)
@@ -212,7 +192,8 @@ class PolicyDriver:
         self._busy_since: float | None = None         # end of the last step while requests remained
         self._last_plan: dict[str, int] = {}
         self._last_record: dict | None = None
-        self._iteration_hook = type(self.policy).on_iteration_end is not LocalPolicy.on_iteration_end
+        self.traits = traits_of(self.policy)           # what the policy promises (shared with the simulator)
+        self._iteration_hook = self.traits.iteration_hook
         self._order_waiting = self.policy.order_waiting
         self._order_memo: tuple | None = None
         key = fixed_waiting_key(self.policy)
@@ -455,7 +436,8 @@ class PolicyDriver:
         self._last_plan = last_plan
         if self.decision_log is not None:
             self._last_record = self._decision_record(hints, plan, run_states, wait_states, free_blocks)
-        if plan.repeatable and not plan.relegate and not admit and len(first) == len(run_states):
+        if (self.traits.steady and plan.repeatable and not plan.relegate and not admit
+                and len(first) == len(run_states)):
             free_after = free_blocks
             for s, n in plan.scheduled:
                 free_after -= -(-(s.num_computed_tokens + n) // block_size) - s.num_blocks
