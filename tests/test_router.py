@@ -116,6 +116,7 @@ COMPLETION = {"model": "fake-model", "prompt": "t1 t2 t3", "max_tokens": 4}
     ({"tiers": [{"name": "a", "overflow": "downgrade"}]}, "tiers.0.overflow"),
     ({"cluster_policy": "nope"}, "cluster_policy"),
     ({"cluster_policy": "deadline_slack"}, "cluster_policy"),
+    ({"cluster_policy": "tierserve"}, "cluster_policy"),     # reads each engine's step model: none in the router
     ({"api_keys": {"k": "platinum"}}, "api_keys.k"),
     ({"engines": [{"url": "ftp://x"}]}, "engines.0.url"),
     ({"engines": [{"url": "http://127.0.0.1:1"}, {"url": "http://127.0.0.1:1"}]}, "engines.1.url"),

@@ -35,7 +35,8 @@ Count = Annotated[Int, Field(ge=0, le=1_000_000)]
 CRITICALITIES = ("Critical", "Standard", "Sheddable")     # Gateway API Inference Extension's bands
 OPENAI_SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")
 # Policies that read an engine's step model (`uses_deadline_load`) need the simulator's replica state.
-ROUTER_POLICY_REFUSED_REASON = "a policy that does not read deadline_load (the router has no engine step model)"
+ROUTER_POLICY_REFUSED_REASON = ("a policy that reads neither deadline_load nor an instance's execution-time model "
+                                "(the router has no engine step model)")
 
 
 class _Section(BaseModel):
@@ -134,7 +135,8 @@ class RouterConfig(_Section):
         from tierserve.policies.cluster import CLUSTER_POLICIES
         if v not in CLUSTER_POLICIES.table:
             raise ValueError(f"one of {', '.join(CLUSTER_POLICIES.names)}")
-        if getattr(CLUSTER_POLICIES.get_class(v), "uses_deadline_load", False):
+        policy = CLUSTER_POLICIES.get_class(v)
+        if getattr(policy, "uses_deadline_load", False) or getattr(policy, "uses_instance_predictor", False):
             raise ValueError(ROUTER_POLICY_REFUSED_REASON)
         return v
 

@@ -95,6 +95,7 @@ class ClusterPolicy(ABC):
     name: str = "base"
     rebalance_period_s: float | None = None
     uses_deadline_load: bool = False      # the driver keeps `DeadlineLoadView` on each instance
+    uses_instance_predictor: bool = False  # reads each instance's execution-time model (`InstanceView.predictor`)
 
     def setup(self, num_replicas: int, seed: int) -> None:
         """Called once before the run."""

@@ -114,6 +114,7 @@ class TierServeDispatch(ClusterPolicy):
     """
 
     name = "tierserve"
+    uses_instance_predictor = True        # each replica's predictor, unless one is given (`predictor`)
 
     def __init__(self, protected_tiers: int = DEFAULT_PROTECTED_TIERS, tbt_margin: float = DEFAULT_TBT_MARGIN,
                  min_chunk_tokens: int = DEFAULT_MIN_CHUNK_TOKENS, token_budget: int = 2048,
