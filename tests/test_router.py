@@ -303,15 +303,16 @@ def test_caps_downgrade_queue_and_reject_with_retry_after(engines):
     tiers = [{"name": "gold", "max_in_flight": 1, "overflow": "downgrade"},
              {"name": "silver", "max_in_flight": 1, "overflow": "queue", "max_queued": 1, "queue_timeout_s": 5},
              {"name": "bronze", "max_in_flight": 1, "overflow": "reject", "retry_after_s": 7}]
-    slow = {**COMPLETION, "max_tokens": 150}          # 0.3 s at the fake engine
+    # 1.2 s at the stand-in engine, arrivals 0.2 s apart: the first four overlap even on a loaded machine
+    slow = {**COMPLETION, "max_tokens": 600}
     with RouterThread(config(engines, tiers=tiers)) as r:
         async def run():
             async with httpx.AsyncClient(base_url=r.url, timeout=20) as c:
                 async def post(tier, body=slow, delay=0.0):
                     await asyncio.sleep(delay)
                     return await c.post("/v1/completions", json=body, headers={"x-tier": tier})
-                return await asyncio.gather(post("gold"), post("gold", delay=0.05), post("gold", delay=0.1),
-                                            post("gold", delay=0.15), post("bronze", delay=0.2))
+                return await asyncio.gather(post("gold"), post("gold", delay=0.2), post("gold", delay=0.4),
+                                            post("gold", delay=0.6), post("bronze", delay=0.8))
         g1, g2, g3, g4, b1 = asyncio.run(run())
         s = stats(r)
     # gold 1 runs; gold 2 downgrades to silver; gold 3 downgrades and waits in silver's queue; gold 4 finds that
