@@ -2,7 +2,6 @@
 calibrations that refuse data they cannot fit, saying why."""
 from __future__ import annotations
 
-import csv
 import json
 import math
 from pathlib import Path
@@ -14,6 +13,8 @@ from tierserve.hardware.calibration import ProfileError, calibrate_from_iteratio
 from tierserve.hardware.exec_model import make_execution_model
 from tierserve.hardware.roofline import ELEMENTWISE_OPS, GEMM_OPS
 
+from test_hardware_calibration import _write as _write_csv     # one CSV-writing helper for the fit tests
+
 LINEAR = {"c0_s": 0.005, "c_prefill_tok_s": 2e-5, "c_decode_tok_s": 5e-5, "c_pair_s": 1e-9, "c_ctx_s": 1e-7,
           "n_rows": 30, "mape_test": 1.5, "source": "log.csv", "step_time_ratios": []}
 ITERATION_COLUMNS = ["prefill_tokens", "decode_count", "decode_context_sum", "prefill_attn_pairs", "measured_ms"]
@@ -23,14 +24,6 @@ def _load(tmp_path: Path, doc) -> object:
     p = tmp_path / "fit.json"
     p.write_text(json.dumps(doc) if not isinstance(doc, str) else doc)
     return make_execution_model("Llama-3-8B", "A100-80GB", 1, exec_model_file=str(p))
-
-
-def _write_csv(path: Path, header: list[str], rows: list[list]) -> Path:
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        w.writerows(rows)
-    return path
 
 
 @pytest.mark.parametrize("doc, needle", [
