@@ -30,11 +30,16 @@ class Request:
     tier: int = 0
     slo: SLO = NO_SLO
     app: str = ""
+    # Prefix identity for prefix caching (issue 28): hash i names the prompt's first (i+1)·hash_block_tokens
+    # tokens (chained, as vLLM v1 hashes blocks), so equal hashes mean an equal prefix. Empty: nothing shareable.
+    prefix_hashes: tuple[int, ...] = ()
+    hash_block_tokens: int = 0
+    session_id: int = -1               # the conversation this request is a turn of (-1: none)
 
     def __reduce__(self) -> tuple:
         # Pickle through __init__: compiled (tierserve/_native.py), a frozen class cannot be restored field by field.
         return (Request, (self.id, self.arrival_s, self.prompt_tokens, self.output_tokens, self.tier, self.slo,
-                          self.app))
+                          self.app, self.prefix_hashes, self.hash_block_tokens, self.session_id))
 
 
 class Status(IntEnum):
