@@ -153,3 +153,17 @@ def test_quick_gpus_needed_is_the_smallest_passing_count_and_grows_at_most_linea
             assert math.isfinite(n) and checks[int(n)], r
             assert int(n) == 1 or checks.get(int(n) - 1) is False, r
         assert float(r["gpus_high"]) <= 2 * float(r["gpus_low"]) + 1 and r["linear"] == "yes", r
+
+
+def test_sensitivity_rows_halve_and_double_the_migration_link_and_swap_the_architecture():
+    from tierserve.experiments.ktier import Study
+    study = Study(sensitivity=True, sensitivity_axes=("model", "bandwidth"))
+    v = study.variants()
+    bw = study.setup.bandwidth_gbytes_s
+    assert sorted(s.bandwidth_gbytes_s for s in v.values()) == sorted([bw, bw, bw / 2, bw * 2])
+    assert {s.model for s in v.values()} == {study.setup.model, "Llama-3-8B"}
+    for name, s in v.items():    # one change at a time: each row differs from the main setup in one field
+        diff = [f for f in ("model", "bandwidth_gbytes_s", "token_budget", "exec_mode")
+                if getattr(s, f) != getattr(study.setup, f)]
+        assert len(diff) == (1 if name else 0), (name, diff)
+    assert list(Study(sensitivity=False).variants()) == [""]

@@ -22,6 +22,9 @@ def ktier(quick: bool = typer.Option(False, "--quick", help="Same regimes, small
           requests: int = typer.Option(None, "--requests", help="Override the first length of every run (requests)."),
           standard: bool = typer.Option(False, "--standard", help="The main setup without the sensitivity "
                                         "repeats and with fewer K and loads (what docs/results/ktier.md shows)."),
+          sensitivity: bool = typer.Option(False, "--sensitivity", help="With --quick: add the sensitivity rows for "
+                                           "model architecture (Llama-3-8B, GQA) and migration bandwidth ×0.5 / ×2 "
+                                           "(its own doc section, 'ktier quick-sensitivity')."),
           doc: Path = typer.Option(None, "--doc", help="Also write the report into this Markdown document, as its "
                                    "section for this size (quick | standard | full), replacing that section.")) -> None:
     """Capacity per stack and class, attainment vs ρ, an overload episode, GPUs needed, sensitivity rows and the
@@ -32,6 +35,8 @@ def ktier(quick: bool = typer.Option(False, "--quick", help="Same regimes, small
     from tierserve.experiments.ktier_report import run_study
     study = Study.quick() if quick else Study.standard() if standard else Study()
     study = replace(study, seeds=tuple(range(seeds)))
+    if sensitivity:
+        study = replace(study, sensitivity=True, sensitivity_axes=("model", "bandwidth"))
     if replicas is not None:
         study = replace(study, setup=replace(study.setup, num_replicas=replicas))
     if requests is not None:
@@ -42,7 +47,7 @@ def ktier(quick: bool = typer.Option(False, "--quick", help="Same regimes, small
     console.print(result["markdown"], markup=False, highlight=False)
     if doc is not None:
         from tierserve.experiments.results_doc import write_section
-        size = "quick" if quick else "standard" if standard else "full"
+        size = ("quick" if quick else "standard" if standard else "full") + ("-sensitivity" if sensitivity else "")
         write_section(doc, f"ktier {size}", result["markdown"], "K-tier study results")
         console.print(f"wrote its section 'ktier {size}' of {shown(doc)}")
     console.print(f"wrote {shown(out)}/ktier_report.md, ktier_*.csv, ktier_meta.json and {len(result['plots'])} plots "

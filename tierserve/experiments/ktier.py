@@ -484,6 +484,7 @@ class Study:
     baseline_bracket_per_replica: tuple[float, float] = (0.25, 12.0)   # req/s per replica
     bracket: tuple[float, float] = (0.6, 1.5)                        # × the baseline's capacity
     sensitivity: bool = True
+    sensitivity_axes: tuple[str, ...] = ("budget", "exec", "model", "bandwidth")   # which assumptions to repeat
     two_level: bool = True
     gpus_factor: float = 2.0          # GPUs needed at this × the baseline's capacity on `setup`
     seed_requests: tuple[int, ...] = (10000,)
@@ -514,11 +515,16 @@ class Study:
         out = {"": self.setup}
         if self.sensitivity:
             s = self.setup
-            out["budget 512"] = replace(s, token_budget=512)
-            out["exec vidur_parity"] = replace(s, exec_mode="vidur_parity")
-            out["Llama-3-8B (GQA)"] = replace(s, model="Llama-3-8B")
-            out["migration 10 GB/s"] = replace(s, bandwidth_gbytes_s=10.0)
-            out["migration 100 GB/s"] = replace(s, bandwidth_gbytes_s=100.0)
+            bw = s.bandwidth_gbytes_s
+            if "budget" in self.sensitivity_axes:
+                out["budget 512"] = replace(s, token_budget=512)
+            if "exec" in self.sensitivity_axes:
+                out["exec vidur_parity"] = replace(s, exec_mode="vidur_parity")
+            if "model" in self.sensitivity_axes:
+                out["Llama-3-8B (GQA)"] = replace(s, model="Llama-3-8B")
+            if "bandwidth" in self.sensitivity_axes:   # halved and doubled around the main setup's link
+                out[f"migration {bw / 2:g} GB/s (×0.5)"] = replace(s, bandwidth_gbytes_s=bw / 2)
+                out[f"migration {bw * 2:g} GB/s (×2)"] = replace(s, bandwidth_gbytes_s=bw * 2)
         return out
 
 
