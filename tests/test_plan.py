@@ -7,8 +7,9 @@ import pytest
 
 from tierserve.core import ConfigError
 from tierserve.experiments.plan import (
-    Fleet, PlanMix, burst_job, overflow_rules, plan_fleet, probe_fleet, vllm_args, write_plan,
+    Fleet, PlanMix, burst_job, overflow_rules, plan_fleet, probe_fleet,
 )
+from tierserve.experiments.plan_output import vllm_args, write_plan
 
 SLOS = [{"ttft_s": 0.5, "tbt_s": 0.05, "attainment": 0.99}, {"ttft_s": 1.5, "tbt_s": 0.1, "attainment": 0.95},
         {"ttlt_s": 60.0, "attainment": 0.9}]

@@ -50,7 +50,8 @@ def register(app: typer.Typer) -> None:
         print the ranked alternatives, the cost/attainment Pareto table, a burst what-if, the pool-per-class plan
         beside the shared one, each tier's overflow rule, and per row its reproduction and vLLM launch."""
         from tierserve.core.files import check_out_dir
-        from tierserve.experiments.plan import PlanMix, plan_fleet, verify_plan, write_plan
+        from tierserve.experiments.plan import PlanMix, plan_fleet
+        from tierserve.experiments.plan_output import verify_plan, write_plan
         console = Console(width=max(Console().width, 200))
         data: dict[str, Any] = (PlanMix.from_yaml(mix) if mix else PlanMix()).model_dump(mode="json")
         if rate is not None:
@@ -99,7 +100,6 @@ def print_mix(console: Console, mix: Any) -> None:
 
 def print_plan(console: Console, plan: Any, plan_path: Path) -> None:
     import json
-    from tierserve.experiments.plan import reproduce_command, vllm_args
     if plan.chosen is None:
         console.print("[bold red]no fleet in the search space meets every tier[/]; skipped configurations:")
         for s in plan.searches:
