@@ -31,6 +31,12 @@ def prompt_ids(index: int, n: int) -> list[int]:
     return [VOCAB_LO + (index * 7919 + j * 31) % span for j in range(n)]
 
 
+def write_results(out: Path, result: dict) -> Path:
+    """`results.json` written atomically (never truncated under its name; a non-regular target is refused)."""
+    from tierserve.core.files import write_text_atomic
+    return write_text_atomic(out / "results.json", json.dumps(result))
+
+
 def engine_env(out: Path, engine_process: bool) -> None:
     """Set before vLLM (and torch) are imported: one OpenMP thread, temporary files under `out`."""
     tmp = out / "tmp"
@@ -146,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         result["waiting_order"] = "kept" if sched.tierserve.incremental else "full"
         result["repeated_plans"] = sched.tierserve.repeated_plans     # steps that reused the previous plan
         sched.tierserve.close()
-    (args.out / "results.json").write_text(json.dumps(result))
+    write_results(args.out, result)
     print(json.dumps({"wall_s": round(wall, 3), "requests": len(records),
                       "scheduler": result.get("scheduler")}))
     return 0
