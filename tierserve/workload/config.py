@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from itertools import repeat
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
@@ -446,30 +445,39 @@ class RequestStream:
                 tiers = np.array([r.tier for r in rows[lo:lo + k]], np.int64)  # type: ignore[index]
             else:
                 tiers = tr.assign_tiers(k, weights, rng_tier)
-            apps = [r.app for r in rows[lo:lo + k]] if sampler is None and rows is not None else None
-            yield lo, times, prompts, outputs, tiers, apps
+            trace_rows = rows[lo:lo + k] if sampler is None and rows is not None else None
+            yield lo, times, prompts, outputs, tiers, trace_rows
             lo += k
 
     def _request(self, i: int) -> Request:
-        lo, times, prompts, outputs, tiers, apps = self._cols
+        lo, times, prompts, outputs, tiers, trace_rows = self._cols
         j = i - lo
         t = int(tiers[j])
+        if trace_rows is None:
+            return Request(id=i, arrival_s=float(times[j]), prompt_tokens=int(prompts[j]),
+                           output_tokens=int(outputs[j]), tier=t, slo=self.tier_set[t].slo)
+        row = trace_rows[j]
         return Request(id=i, arrival_s=float(times[j]), prompt_tokens=int(prompts[j]),
-                       output_tokens=int(outputs[j]), tier=t, slo=self.tier_set[t].slo,
-                       app=apps[j] if apps is not None else "")
+                       output_tokens=int(outputs[j]), tier=t, slo=self.tier_set[t].slo, app=row.app,
+                       prefix_hashes=_full_blocks(row, int(prompts[j])), hash_block_tokens=row.hash_block_tokens,
+                       session_id=row.session_id)
 
     def _block_requests(self, cols: tuple) -> list[Request]:
         """Every request of one generated block, as `_request` makes them one by one (columns read as lists:
         no numpy scalar per field)."""
-        lo, times, prompts, outputs, tiers, apps = cols
+        lo, times, prompts, outputs, tiers, trace_rows = cols
         tier_list = np.asarray(tiers).astype(np.int64, copy=False).tolist()
         slo_of = {t: self.tier_set[t].slo for t in dict.fromkeys(tier_list)}
-        return [Request(id=i, arrival_s=t_s, prompt_tokens=p, output_tokens=o, tier=t, slo=slo_of[t], app=a)
-                for i, t_s, p, o, t, a in zip(
-                    range(lo, lo + len(times)), np.asarray(times, dtype=np.float64).tolist(),
-                    np.asarray(prompts).astype(np.int64, copy=False).tolist(),
-                    np.asarray(outputs).astype(np.int64, copy=False).tolist(), tier_list,
-                    apps if apps is not None else repeat(""))]
+        columns = (range(lo, lo + len(times)), np.asarray(times, dtype=np.float64).tolist(),
+                   np.asarray(prompts).astype(np.int64, copy=False).tolist(),
+                   np.asarray(outputs).astype(np.int64, copy=False).tolist(), tier_list)
+        if trace_rows is None:
+            return [Request(id=i, arrival_s=t_s, prompt_tokens=p, output_tokens=o, tier=t, slo=slo_of[t])
+                    for i, t_s, p, o, t in zip(*columns)]
+        return [Request(id=i, arrival_s=t_s, prompt_tokens=p, output_tokens=o, tier=t, slo=slo_of[t], app=r.app,
+                        prefix_hashes=_full_blocks(r, p), hash_block_tokens=r.hash_block_tokens,
+                        session_id=r.session_id)
+                for i, t_s, p, o, t, r in zip(*columns, trace_rows)]
 
     def __getitem__(self, i: int) -> Request:
         last = self._last
@@ -490,6 +498,14 @@ class RequestStream:
         start = 0 if self._last is None else self._last.id + 1
         for i in range(start, self.n):
             yield self[i]
+
+
+def _full_blocks(row: TraceRow, prompt_tokens: int) -> tuple[int, ...]:
+    """The row's prefix hashes that still lie inside its prompt (a max_total_tokens clip shortens the prompt)."""
+    hashes = row.prefix_hashes
+    if hashes and len(hashes) * row.hash_block_tokens > prompt_tokens:
+        return hashes[:prompt_tokens // row.hash_block_tokens]
+    return hashes
 
 
 def build_workload(cfg: WorkloadConfig, seed: int | None = None) -> Workload:

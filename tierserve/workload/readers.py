@@ -9,6 +9,11 @@ counts are integers up to 2^31 − 1 and arrival times at most 1e9 s (`tierserve
 Output length 0: Vidur (and the simulator) need prompts >= 1 and outputs >= 1. A zero output is an error
 naming the row unless the caller passes `min_output=1`, which clamps it explicitly and reports the count in
 `ReadResult.num_clamped`.
+
+Prefix identity (issue 28): a CSV may carry `hash_ids` (Mooncake's space-separated ids, one per
+`hash_block_tokens` = 512 prompt tokens, the last block possibly partial) and `session_id`. The ids are chained
+(`chain_block_ids`: hash i covers ids 0..i) so that equal hashes mean equal prefixes whatever the file's ids
+mean, and only full blocks are kept (vLLM caches full blocks only). Both columns are optional.
 """
 from __future__ import annotations
 
@@ -38,6 +43,9 @@ class TraceRow:
     output_tokens: int
     tier: int | None = None
     app: str = ""
+    prefix_hashes: tuple[int, ...] = ()   # chained, one per full block of hash_block_tokens prompt tokens
+    hash_block_tokens: int = 0
+    session_id: int = -1
 
 
 @dataclass(slots=True)
@@ -176,6 +184,62 @@ def _check_min_output(min_output: int | None) -> None:
         raise ConfigError("min_output", min_output, "None (error on output 0) or an integer >= 1")
 
 
+MOONCAKE_BLOCK_TOKENS = 512      # the Mooncake traces' hash_ids block size (kvcache-ai/Mooncake FAST25-release)
+_CHAIN_ROOT = 0
+
+
+def chain_block_ids(ids) -> tuple[int, ...]:
+    """Chained block hashes: hash i = H(hash i-1, id i), so equal hashes mean equal id sequences up to i (as
+    vLLM v1 hashes blocks). Ints only: Python's int and tuple hashes do not depend on PYTHONHASHSEED."""
+    out = []
+    h = _CHAIN_ROOT
+    for x in ids:
+        h = hash((h, x))
+        out.append(h)
+    return tuple(out)
+
+
+def _parse_hash_ids(src: str, row: int, name: str, raw: object, prompt_tokens: int,
+                    block_tokens: int) -> tuple[int, ...]:
+    """A row's block ids (space-separated non-negative integers, or a JSON list of them) → chained hashes of
+    its full blocks. More ids than the prompt has blocks is an error naming the row."""
+    if isinstance(raw, str):
+        parts = raw.split()
+        if not all(p.isascii() and p.isdigit() and len(p) <= 19 for p in parts):
+            raise TraceError(src, row, name, raw[:80], "space-separated non-negative integer block ids "
+                                                       "(e.g. '0 1 2')")
+        ids = list(map(int, parts))
+    elif isinstance(raw, list) and all(type(x) is int and 0 <= x < 2**63 for x in raw):
+        ids = raw
+    else:
+        raise TraceError(src, row, name, str(raw)[:80], "a list of non-negative integer block ids")
+    max_blocks = -(-prompt_tokens // block_tokens)
+    if len(ids) > max_blocks:
+        raise TraceError(src, row, name, raw if isinstance(raw, str) and len(raw) <= 80 else f"{len(ids)} ids",
+                         f"{len(ids)} block ids for {prompt_tokens} prompt tokens; at most {max_blocks} "
+                         f"(one per {block_tokens}-token block)")
+    return chain_block_ids(ids[:prompt_tokens // block_tokens])
+
+
+def _parse_session(src: str, row: int, raw: str) -> int:
+    return _parse_tokens(src, row, "session_id", raw, 0)
+
+
+def _with_prefix_columns(rows: list[TraceRow], t: CsvTable, src: str, block_tokens: int) -> list[TraceRow]:
+    """Rows with their `hash_ids` and `session_id` cells parsed (rows unchanged when the file has neither)."""
+    hi = t.index("hash_ids") if t.has("hash_ids") else None
+    si = t.index("session_id") if t.has("session_id") else None
+    if hi is None and si is None:
+        return rows
+    out = []
+    for i, (r, rec) in enumerate(zip(rows, t.rows), start=1):
+        hashes = _parse_hash_ids(src, i, "hash_ids", rec[hi], r.prompt_tokens, block_tokens) if hi is not None else ()
+        session = _parse_session(src, i, _cell(src, i, rec, si, "session_id")) if si is not None else -1
+        out.append(TraceRow(r.arrival_s, r.prompt_tokens, r.output_tokens, r.tier, r.app, hashes,
+                            block_tokens if hi is not None else 0, session))
+    return out
+
+
 # ---- whole columns at once ----------------------------------------------------------------------------------
 # A column whose every cell is plain (what the cell-by-cell parsers accept without a question) is parsed in one
 # pass; None otherwise, and the caller parses cell by cell, which names the first bad cell as before.
@@ -238,8 +302,10 @@ def _finish(rows: list[TraceRow], src: str, sort: bool, has_arrivals: bool) -> l
 
 def _parse_columnar(path: Path, cols: tuple[str, str, str | None], *, num_tiers: int | None,
                     min_output: int | None, sort: bool, optional_tier: bool = False,
-                    optional_app: bool = False, table: CsvTable | None = None) -> ReadResult:
-    """Shared CSV path: (prompt column, output column, arrival column or None)."""
+                    optional_app: bool = False, table: CsvTable | None = None,
+                    hash_block_tokens: int | None = None) -> ReadResult:
+    """Shared CSV path: (prompt column, output column, arrival column or None); `hash_block_tokens` set reads
+    the optional `hash_ids` and `session_id` columns."""
     _check_min_output(min_output)
     src = str(path)
     p_col, o_col, a_col = cols[0], cols[1], cols[2]
@@ -252,6 +318,8 @@ def _parse_columnar(path: Path, cols: tuple[str, str, str | None], *, num_tiers:
     out = ReadResult(source=src)
     rows = _plain_columnar_rows(t.rows, pi, oi, ai, ti, api, num_tiers)
     if rows is not None:
+        if hash_block_tokens is not None:
+            rows = _with_prefix_columns(rows, t, src, hash_block_tokens)
         out.rows = _finish(rows, src, sort, a_col is not None)
         return out
     for i, rec in enumerate(t.rows, start=1):
@@ -264,6 +332,8 @@ def _parse_columnar(path: Path, cols: tuple[str, str, str | None], *, num_tiers:
         tier = _parse_tier(src, i, _cell(src, i, rec, ti, "tier"), num_tiers) if ti is not None else None
         app = rec[api] if api is not None else ""
         out.rows.append(TraceRow(arrival, prompt, output, tier, app))
+    if hash_block_tokens is not None:
+        out.rows = _with_prefix_columns(out.rows, t, src, hash_block_tokens)
     out.rows = _finish(out.rows, src, sort, a_col is not None)
     return out
 
@@ -297,10 +367,18 @@ def _plain_columnar_rows(recs: list[list[str]], pi: int, oi: int, ai: int | None
 # ---- public readers (rows) ------------------------------------------------------------------------------
 
 def read_csv_rows(path: str | Path, *, num_tiers: int | None = None, min_output: int | None = None,
-                  sort: bool = False) -> ReadResult:
-    """Common CSV: `arrival_s,prompt_tokens,output_tokens[,tier][,app]`; extra columns are ignored."""
+                  sort: bool = False, hash_block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> ReadResult:
+    """Common CSV: `arrival_s,prompt_tokens,output_tokens[,tier][,app][,hash_ids][,session_id]`; extra columns
+    are ignored. `hash_ids` are block ids of `hash_block_tokens` tokens each (Mooncake: 512)."""
+    _check_block_tokens(hash_block_tokens)
     return _parse_columnar(Path(path), ("prompt_tokens", "output_tokens", "arrival_s"), num_tiers=num_tiers,
-                           min_output=min_output, sort=sort, optional_tier=True, optional_app=True)
+                           min_output=min_output, sort=sort, optional_tier=True, optional_app=True,
+                           hash_block_tokens=hash_block_tokens)
+
+
+def _check_block_tokens(n: object) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_TOKENS:
+        raise ConfigError("hash_block_tokens", n, f"an integer in 1..{MAX_TOKENS:,}")
 
 
 def read_lengths_rows(path: str | Path, *, min_output: int | None = None) -> ReadResult:
@@ -351,7 +429,8 @@ def read_azure_rows(path: str | Path, *, min_output: int | None = None, sort: bo
 
 
 def read_mooncake_rows(path: str | Path, *, min_output: int | None = None, sort: bool = False) -> ReadResult:
-    """Mooncake JSONL: one object a line with `timestamp` (ms), `input_length`, `output_length`."""
+    """Mooncake JSONL: one object a line with `timestamp` (ms), `input_length`, `output_length` and optional
+    `hash_ids` (a list of 512-token block ids, chained as in `chain_block_ids`)."""
     _check_min_output(min_output)
     path = Path(path)
     src = str(path)
@@ -382,7 +461,11 @@ def read_mooncake_rows(path: str | Path, *, min_output: int | None = None, sort:
             prompt = _parse_tokens(src, i, "input_length", obj["input_length"], 1)
             output, clamped = _parse_output(src, i, "output_length", obj["output_length"], min_output)
             out.num_clamped += clamped
-            out.rows.append(TraceRow(t, prompt, output))
+            if "hash_ids" in obj:
+                hashes = _parse_hash_ids(src, i, "hash_ids", obj["hash_ids"], prompt, MOONCAKE_BLOCK_TOKENS)
+                out.rows.append(TraceRow(t, prompt, output, None, "", hashes, MOONCAKE_BLOCK_TOKENS))
+            else:
+                out.rows.append(TraceRow(t, prompt, output))
     if not out.rows:
         raise TraceError(src, None, "<rows>", None, "empty file (no JSON lines)")
     out.rows = _finish(out.rows, src, sort, True)
@@ -499,7 +582,8 @@ def rows_to_requests(rows: list[TraceRow], source: str = "trace") -> list[Reques
                              "length-only file has no arrivals; use it as a length distribution")
         reqs.append(Request(id=i, arrival_s=float(r.arrival_s), prompt_tokens=r.prompt_tokens,
                             output_tokens=r.output_tokens, tier=r.tier if r.tier is not None else 0,
-                            app=r.app))
+                            app=r.app, prefix_hashes=r.prefix_hashes, hash_block_tokens=r.hash_block_tokens,
+                            session_id=r.session_id))
     return reqs
 
 
