@@ -2,7 +2,8 @@
 
 Sections: `arrivals` (kind: poisson | gamma | piecewise | diurnal | servegen | trace), `lengths` (kind: fit |
 empirical | choice | trace), `tiers` (K, mix, SLOs or the Niyama preset), optional `trace` (path + format),
-`num_requests`, `seed`. Arrivals, lengths and tiers draw from independent child streams of `seed`, so
+`num_requests`, `seed`; or `sessions` (multi-turn conversations, `tierserve.workload.sessions`) in place of
+arrivals and lengths. Arrivals, lengths and tiers draw from independent child streams of `seed`, so
 changing one section leaves the others' draws unchanged.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from tierserve.workload import arrivals as arr
 from tierserve.workload import lengths as ln
 from tierserve.workload import tiers as tr
 from tierserve.workload.readers import ReadResult, TraceRow, read_rows
+from tierserve.workload.sessions import SessionsConfig, SessionWorkload, default_apps, generate_sessions
 
 # Numbers are written as numbers (`true` and "12" are refused: `Int`/`Float`), finite, and bounded so that no
 # product or sum of them overflows; times stay within MAX_TIME_S (see tierserve.core.limits).
@@ -275,6 +277,8 @@ class WorkloadConfig(_Section):
     lengths: LengthConfig = FitLengthConfig()
     tiers: TiersConfig = TiersConfig()
     trace: TraceConfig | None = None
+    sessions: SessionsConfig | None = Field(
+        None, description="multi-turn sessions: they draw their own arrivals and lengths (issue 28)")
 
     @field_validator("num_requests")
     @classmethod
@@ -285,6 +289,14 @@ class WorkloadConfig(_Section):
 
     @model_validator(mode="after")
     def _trace_use(self) -> WorkloadConfig:
+        if self.sessions is not None:
+            for name in ("arrivals", "lengths", "trace"):      # compared with the defaults: a dump round-trips
+                if getattr(self, name) != type(self).model_fields[name].default:
+                    raise ValueError(f"{name}: got a {name} section beside sessions; allowed: none (sessions draw "
+                                     "their own arrivals and lengths)")
+            if self.num_requests is None and self.sessions.num_sessions is None:
+                raise ValueError("num_requests: got null; allowed: null only with sessions.num_sessions set")
+            return self
         uses = self.arrivals.kind == "trace" or self.lengths.kind == "trace"
         if uses and self.trace is None:
             raise ValueError("trace: got null; allowed: a {path, format} section when arrivals or lengths "
@@ -508,8 +520,19 @@ def _full_blocks(row: TraceRow, prompt_tokens: int) -> tuple[int, ...]:
     return hashes
 
 
+def build_sessions(cfg: WorkloadConfig, seed: int | None = None) -> SessionWorkload:
+    """The multi-turn workload of `cfg.sessions` (apps default to one per tier, weighted by the tier mix)."""
+    assert cfg.sessions is not None
+    apps = cfg.sessions.apps or default_apps(cfg.tiers.mix_weights().tolist())
+    return generate_sessions(cfg.sessions, cfg.tiers.tier_set(), cfg.seed if seed is None else seed,
+                             cfg.num_requests, apps)
+
+
 def build_workload(cfg: WorkloadConfig, seed: int | None = None) -> Workload:
     """Requests for `cfg` (sorted by arrival, ids 0..n-1), deterministic for a seed (default cfg.seed)."""
+    if cfg.sessions is not None:
+        sw = build_sessions(cfg, seed)
+        return Workload(sw.requests, sw.tier_set, sw.num_clipped, 0)
     stream = RequestStream(cfg, seed)
     reqs = []
     with collect_less_often():          # every request is kept: nothing for the collector to find
@@ -535,7 +558,10 @@ class StreamedWorkload:
 
 
 def stream_workload(cfg: WorkloadConfig, seed: int | None = None) -> StreamedWorkload:
-    """As `build_workload`, but the requests are generated as they are read (see `RequestStream`)."""
+    """As `build_workload`, but the requests are generated as they are read (see `RequestStream`); sessions are
+    built whole (a turn's prefix needs its session's earlier turns)."""
+    if cfg.sessions is not None:
+        return build_workload(cfg, seed)  # type: ignore[return-value]
     stream = RequestStream(cfg, seed)
     return StreamedWorkload(stream, stream.tier_set)
 

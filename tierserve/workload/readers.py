@@ -188,11 +188,12 @@ MOONCAKE_BLOCK_TOKENS = 512      # the Mooncake traces' hash_ids block size (kvc
 _CHAIN_ROOT = 0
 
 
-def chain_block_ids(ids) -> tuple[int, ...]:
+def chain_block_ids(ids, start: int = _CHAIN_ROOT) -> tuple[int, ...]:
     """Chained block hashes: hash i = H(hash i-1, id i), so equal hashes mean equal id sequences up to i (as
-    vLLM v1 hashes blocks). Ints only: Python's int and tuple hashes do not depend on PYTHONHASHSEED."""
+    vLLM v1 hashes blocks); `start` continues a chain from its last hash. Ints only: Python's int and tuple
+    hashes do not depend on PYTHONHASHSEED."""
     out = []
-    h = _CHAIN_ROOT
+    h = start
     for x in ids:
         h = hash((h, x))
         out.append(h)
