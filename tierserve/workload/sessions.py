@@ -243,3 +243,44 @@ def generate_sessions(cfg: SessionsConfig, tier_set: TierSet, seed: int, num_req
                     hash_block_tokens=b, session_id=tn.session) for i, tn in enumerate(turns)]
     return SessionWorkload(reqs, tier_set, len({tn.session for tn in turns}), maker.ended_by_context,
                            maker.clipped)
+
+
+@dataclass(frozen=True, slots=True)
+class ReuseBound:
+    """What an unlimited prefix cache could hit, requests taken in arrival order (the trace's own bound)."""
+
+    num_requests: int
+    blocks: int              # full hash blocks over all prompts
+    blocks_seen: int         # of them, blocks some earlier request already had (the issue's "seen before")
+    prompt_tokens: int
+    cacheable_tokens: int    # tokens vLLM v1 could skip: seen blocks, capped to leave the prompt's last token
+
+    @property
+    def block_fraction(self) -> float:
+        return self.blocks_seen / self.blocks if self.blocks else 0.0
+
+    @property
+    def token_fraction(self) -> float:
+        return self.cacheable_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def prefix_reuse_bound(requests: Sequence[Request]) -> ReuseBound:
+    """The reuse bound of `requests` (sorted by arrival): with chained hashes a seen block implies its whole prefix
+    was seen, so a request's hit is its longest run of already-seen leading blocks. A fully seen prompt still
+    computes its last token (vLLM v1 rule), so cacheable tokens stop one block short there."""
+    seen: set[int] = set()
+    blocks = blocks_seen = tokens = cacheable = 0
+    for r in requests:
+        hashes = r.prefix_hashes
+        hit = 0
+        for h in hashes:
+            if h not in seen:
+                break
+            hit += 1
+        blocks += len(hashes)
+        blocks_seen += hit
+        tokens += r.prompt_tokens
+        if hashes:
+            cacheable += min(hit, (r.prompt_tokens - 1) // r.hash_block_tokens) * r.hash_block_tokens
+        seen.update(hashes[hit:])
+    return ReuseBound(len(requests), blocks, blocks_seen, tokens, cacheable)
