@@ -213,3 +213,60 @@ def test_vidur_output_with_a_non_integral_token_count_is_refused_naming_file_row
     assert bench.main(["--vidur-run", f"sarathi={run}"]) == 2
     err = capsys.readouterr().err
     assert "request_metrics.csv" in err and "request_num_prefill_tokens" in err and "44.5" in err
+
+
+# ---- prefix identity: hash_ids and session_id (issue 28) ---------------------------------------------------
+
+def test_hash_ids_chained_full_blocks_only(tmp_path):
+    # block ids 7 8 9 for a 1,100-token prompt: two full 512-token blocks, the third (76 tokens) is not cacheable
+    p = write(tmp_path, "t.csv", "arrival_s,prompt_tokens,output_tokens,hash_ids,session_id\n"
+                                 "0,1100,5,7 8 9,3\n1,1024,5,7 8,3\n2,600,5,1 8,4\n3,100,5,,5\n")
+    a, b, c, d = read_csv(p)
+    assert a.hash_block_tokens == 512 and len(a.prefix_hashes) == 2 and a.prefix_hashes == b.prefix_hashes
+    assert (a.session_id, c.session_id, d.session_id) == (3, 4, 5)
+    # same id 8 after a different first id: chaining makes it a different block
+    assert c.prefix_hashes[0] != a.prefix_hashes[0] and len(c.prefix_hashes) == 1
+    assert d.prefix_hashes == ()
+
+
+def test_hash_ids_optional_column(tmp_path):
+    p = write(tmp_path, "t.csv", "arrival_s,prompt_tokens,output_tokens\n0,1100,5\n")
+    (r,) = read_csv(p)
+    assert (r.prefix_hashes, r.hash_block_tokens, r.session_id) == ((), 0, -1)
+
+
+@pytest.mark.parametrize("cell, problem", [("1 x 2", "non-negative integer"), ("1 -2", "non-negative integer"),
+                                           ("0 1 2 3", "at most 3")])
+def test_hash_ids_malformed_names_row_and_value(tmp_path, cell, problem):
+    p = write(tmp_path, "t.csv", f"arrival_s,prompt_tokens,output_tokens,hash_ids\n0,10,5,\n1,1100,5,{cell}\n")
+    with pytest.raises(TraceError) as e:
+        read_csv(p)
+    msg = str(e.value)
+    assert "row 2" in msg and "hash_ids" in msg and problem in msg
+    assert cell in msg
+
+
+def test_mooncake_jsonl_hash_ids(tmp_path):
+    p = write(tmp_path, "m.jsonl", json.dumps({"timestamp": 0, "input_length": 1024, "output_length": 3,
+                                               "hash_ids": [4, 5]}) + "\n"
+              + json.dumps({"timestamp": 5, "input_length": 600, "output_length": 3, "hash_ids": ["4"]}) + "\n")
+    with pytest.raises(TraceError) as e:
+        read_mooncake(p)
+    assert "row 2" in str(e.value) and "hash_ids" in str(e.value)
+
+
+def test_shared_mooncake_conversation_prefix_hashes():
+    p = shared_data("traces", "mooncake_fast25_conversation.csv")
+    if p is None:
+        pytest.skip("shared/data/traces/mooncake_fast25_conversation.csv absent (../shared missing)")
+    reqs = read_csv(p)
+    assert len(reqs) == 12031
+    assert all(len(r.prefix_hashes) == r.prompt_tokens // 512 and r.hash_block_tokens == 512 for r in reqs)
+    # the trace's first three requests share block 0 (id 0) and nothing after it
+    a, b = reqs[0].prefix_hashes, reqs[1].prefix_hashes
+    assert a[0] == b[0] and a[1] != b[1]
+    # chained: a hash determines its whole prefix, so a repeated hash always comes with an equal prefix
+    prefix_of: dict[int, tuple[int, ...]] = {}
+    for r in reqs[:3000]:
+        for i, h in enumerate(r.prefix_hashes):
+            assert prefix_of.setdefault(h, r.prefix_hashes[:i]) == r.prefix_hashes[:i]
