@@ -11,6 +11,7 @@ import time
 import pytest
 
 from tierserve.core import ConfigError
+from tierserve.core.outputs import sha256_of
 from tierserve.experiments.sweep import Sweep, finished_points, read_table, run_many, run_sweep
 
 # json.dumps is importable in any worker (a test module is not, on Ray) and takes its argument by keyword.
@@ -95,6 +96,7 @@ def test_killed_sweep_resumes_running_only_missing_points(tmp_path):
     kept = {p.id: (out / "points" / f"{p.id}.json").stat().st_mtime_ns for p in sweep.points
             if (out / "points" / f"{p.id}.json").is_file()}
     assert 2 <= len(kept) < total
+    assert not (out / "manifest.json").exists()       # a killed sweep's folder does not look finished
     res = run_sweep(sweep, out, executor="serial", progress=False)
     assert (res.ran, res.reused) == (total - len(kept), len(kept))
     for pid, mtime in kept.items():                   # the points that had finished were not run again
@@ -104,6 +106,45 @@ def test_killed_sweep_resumes_running_only_missing_points(tmp_path):
     assert all(json.loads(r["config"])["seed"] == r["seed"] for r in rows)
     again = run_sweep(sweep, out, executor="serial", progress=False, table_format="csv")
     assert (again.ran, again.reused) == (0, total)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert set(manifest["files"]) == {f"points/{p.id}.json" for p in sweep.points} | {"results.csv", "sweep.json"}
+    assert not (out / "results.parquet").exists()     # the rerun's result replaced the previous one whole
+    for rel, entry in manifest["files"].items():
+        assert entry["sha256"] == sha256_of(out / rel)
+
+
+def test_sweep_manifest_names_only_this_sweeps_points(tmp_path):
+    first = Sweep.from_dict(small_spec(seeds=(0,), rates=(3.0,)))
+    second = Sweep.from_dict(small_spec(seeds=(1,), rates=(3.0,)))
+    out = tmp_path / "out"
+    run_sweep(first, out, executor="serial", progress=False, table_format="csv")
+    (out / "points" / "unrelated.json").write_text("{}")   # not the sweep's: left alone
+    res = run_sweep(second, out, executor="serial", progress=False, table_format="csv")
+    assert res.ran == len(second.points)
+    kept = {q.name for q in (out / "points").iterdir()}
+    assert kept == {f"{p.id}.json" for p in second.points} | {"unrelated.json"}
+    assert [int(r["seed"]) for r in read_table(out / "results.csv")] == [1] * len(second.points)
+
+
+def test_a_point_file_that_is_not_the_points_is_run_again(tmp_path):
+    sweep = Sweep.from_dict(small_spec(seeds=(0,), rates=(3.0,)))
+    out = tmp_path / "out"
+    run_sweep(sweep, out, executor="serial", progress=False, table_format="csv")
+    victim = out / "points" / f"{sweep.points[0].id}.json"
+    victim.write_text('{"id": "%s", "config": {}, "metrics": {}}' % sweep.points[0].id)
+    res = run_sweep(sweep, out, executor="serial", progress=False, table_format="csv")
+    assert (res.ran, res.reused) == (1, len(sweep.points) - 1)
+    assert json.loads(victim.read_text())["config"] == sweep.points[0].config
+
+
+def test_a_second_sweep_on_a_busy_folder_is_refused(tmp_path):
+    from tierserve.core.outputs import FolderLock
+    sweep = Sweep.from_dict(small_spec(seeds=(0,), rates=(3.0,)))
+    out = tmp_path / "out"
+    out.mkdir()
+    with FolderLock(out), pytest.raises(ConfigError, match="no other run is writing"):
+        run_sweep(sweep, out, executor="serial", progress=False)
+    assert not (out / "points").exists()
 
 
 def _numbers(rows):

@@ -252,18 +252,40 @@ def _publish(stage: Path, final: Path, complete: bool) -> int:
     files = _staged_files(stage, whole_only=not complete)
     for rel in files:                       # nothing is replaced unless every target is a plain file
         _refuse_non_regular(final / rel, shown(stage / rel))
-    entries = {rel: {"bytes": (stage / rel).stat().st_size, "sha256": sha256_of(stage / rel)} for rel in files}
+    entries = _entries(stage, files)
     old = read_manifest(final)
     (final / MANIFEST_JSON).unlink(missing_ok=True)     # from here on the folder vouches for nothing
-    for rel in (old or {}).get("files", {}):
-        if rel not in entries:
-            _remove_listed(final, rel)
+    remove_unlisted(final, old, entries)
     for rel in files:
         (final / rel).parent.mkdir(parents=True, exist_ok=True)
         os.replace(stage / rel, final / rel)
+    _write_manifest(final, entries, complete)
+    return len(files)
+
+
+def _entries(folder: Path, files: list[str]) -> dict[str, dict[str, Any]]:
+    return {rel: {"bytes": (folder / rel).stat().st_size, "sha256": sha256_of(folder / rel)} for rel in files}
+
+
+def _write_manifest(final: Path, entries: dict[str, dict[str, Any]], complete: bool) -> None:
     doc = {"written_by": "tierserve", "complete": complete, "files": entries}
     write_text_atomic(final / MANIFEST_JSON, json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    return len(files)
+
+
+def remove_unlisted(final: Path, old: dict[str, Any] | None, keep: dict[str, Any] | set[str]) -> None:
+    """Remove the files a previous result's manifest `old` listed that the new result does not (`keep`)."""
+    for rel in (old or {}).get("files", {}):
+        if rel not in keep:
+            _remove_listed(final, rel)
+
+
+def publish_in_place(final: Path, files: list[str], old: dict[str, Any] | None) -> None:
+    """Vouch for a result written in place (each file atomically, under the folder's lock): the previous result's
+    other files are removed and `manifest.json` listing `files` (relative to `final`) is written last. For
+    results that must survive SIGKILL part-way (a sweep's points), where a staging folder would lose them."""
+    entries = _entries(final, files)
+    remove_unlisted(final, old, entries)
+    _write_manifest(final, entries, complete=True)
 
 
 def _remove_stale_stages(final: Path) -> None:

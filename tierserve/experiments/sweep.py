@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tierserve.core import ConfigError
+from tierserve.core.outputs import MANIFEST_JSON
 from tierserve.experiments.runs import run_many
 
 
@@ -38,6 +39,7 @@ PARAM_PATHS: dict[str, str] = {
 SPECIAL_PARAMS = ("stack", "rate", "rho")
 POINTS_DIR = "points"
 RESULTS_STEM = "results"
+SWEEP_JSON = "sweep.json"
 ROW_METRICS = ("slo_attainment", "attainment_goal", "ttft.p50", "ttft.p99", "tbt.p99", "ttlt.p99", "goodput_rps",
                "throughput_rps")
 
@@ -202,9 +204,23 @@ def _point_path(outdir: Path, point: SweepPoint) -> Path:
     return outdir / POINTS_DIR / f"{point.id}.json"
 
 
+def _read_point(path: Path, point: SweepPoint) -> dict[str, Any] | None:
+    """The metrics of `point` kept at `path`, or None when there is no such file or it is not this point's
+    (unreadable, another point's id, another config): such a point is run again and its file replaced."""
+    import json
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if not (isinstance(doc, dict) and doc.get("id") == point.id and doc.get("config") == point.config
+            and isinstance(doc.get("metrics"), dict)):
+        return None
+    return doc["metrics"]
+
+
 def finished_points(sweep: Sweep, outdir: str | Path) -> set[str]:
-    """Ids of the sweep's points whose result files are already in `outdir`."""
-    return {p.id for p in sweep.points if _point_path(Path(outdir), p).is_file()}
+    """Ids of the sweep's points whose result files are already in `outdir` (and are theirs)."""
+    return {p.id for p in sweep.points if _read_point(_point_path(Path(outdir), p), p) is not None}
 
 
 def _row(point: SweepPoint, metrics: dict[str, Any], baseline_capacity_rps: float | None) -> dict[str, Any]:
@@ -221,36 +237,48 @@ def run_sweep(sweep: Sweep, outdir: str | Path, executor: str = "process", worke
               progress: bool = True, table_format: str = "parquet", address: str | None = None) -> SweepRun:
     """Run the sweep's missing points (finished ones are read back from `outdir/points/`), then write the table.
 
-    Each point's file is written (atomically) by this process as the point ends, so a sweep that is killed
-    keeps every point that had finished; run it again with the same folder to run only the rest."""
+    Each point's file is written (atomically) by this process as the point ends, so a sweep that is killed —
+    even by SIGKILL — keeps every point that had finished; run it again with the same folder to run only the
+    rest. The folder is locked while the sweep runs (a second sweep on it is refused), its `manifest.json` is
+    removed at the start and written last (every point, the table and `sweep.json` with their digests), so a
+    folder without a manifest is not a finished sweep; a previous sweep's files this one does not list go."""
     import json
 
-    from tierserve.core.files import write_text_atomic
+    from tierserve.core.outputs import FolderLock, check_out_dir, publish_in_place, read_manifest, write_text_atomic
     if table_format not in ("parquet", "csv"):
         raise ConfigError("--format", table_format, "parquet | csv")
-    out = Path(outdir)
-    (out / POINTS_DIR).mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    usage0 = _cpu_s()
-    # two sweeps in one folder are harmless: a point's file is the same whoever writes it
-    done = finished_points(sweep, out)
-    todo = [p for p in sweep.points if p.id not in done]
+    out = check_out_dir(outdir)
+    with FolderLock(out):
+        old = read_manifest(out)                     # a foreign manifest.json is refused before any work
+        (out / MANIFEST_JSON).unlink(missing_ok=True)  # from here until the end the folder vouches for nothing
+        (out / POINTS_DIR).mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        usage0 = _cpu_s()
+        done = finished_points(sweep, out)
+        todo = [p for p in sweep.points if p.id not in done]
 
-    def keep(i: int, metrics: dict[str, Any]) -> None:
-        p = todo[i]
-        write_text_atomic(_point_path(out, p), json.dumps(
-            {"id": p.id, "params": p.params, "seed": p.seed, "config": p.config, "metrics": metrics},
-            allow_nan=True) + "\n")
+        def keep(i: int, metrics: dict[str, Any]) -> None:
+            p = todo[i]
+            write_text_atomic(_point_path(out, p), json.dumps(
+                {"id": p.id, "params": p.params, "seed": p.seed, "config": p.config, "metrics": metrics},
+                allow_nan=True) + "\n")
 
-    run_many(run_point, [{"config": p.config, "drop_fraction": p.drop_fraction} for p in todo],
-             executor=executor, workers=workers, progress=progress, description=f"sweep {sweep.name}",
-             on_result=keep, address=address)
-    rows = [_row(p, json.loads(_point_path(out, p).read_text(encoding="utf-8"))["metrics"],
-                 sweep.baseline_capacity_rps) for p in sweep.points]
-    path = write_table(rows, out / f"{RESULTS_STEM}.{table_format}")
-    write_text_atomic(out / "sweep.json", json.dumps(
-        {"name": sweep.name, "spec": sweep.spec, "params": sweep.param_names, "points": len(sweep.points),
-         "table": path.name}, indent=2) + "\n")
+        run_many(run_point, [{"config": p.config, "drop_fraction": p.drop_fraction} for p in todo],
+                 executor=executor, workers=workers, progress=progress, description=f"sweep {sweep.name}",
+                 on_result=keep, address=address)
+        rows = []
+        for p in sweep.points:
+            metrics = _read_point(_point_path(out, p), p)
+            if metrics is None:                      # removed or replaced by something else while we ran
+                raise ConfigError("--out", str(_point_path(out, p)), "the point file this sweep just wrote (it "
+                                                                    "is gone or no longer this point's)")
+            rows.append(_row(p, metrics, sweep.baseline_capacity_rps))
+        path = write_table(rows, out / f"{RESULTS_STEM}.{table_format}")
+        write_text_atomic(out / SWEEP_JSON, json.dumps(
+            {"name": sweep.name, "spec": sweep.spec, "params": sweep.param_names, "points": len(sweep.points),
+             "table": path.name}, indent=2) + "\n")
+        listed = sorted({str(_point_path(Path(), p)) for p in sweep.points}) + [path.name, SWEEP_JSON]
+        publish_in_place(out, listed, old)
     return SweepRun(rows, len(todo), len(done), path, time.perf_counter() - t0, _cpu_s() - usage0)
 
 
