@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tierserve.cli.options import Gpu, Model, Tp
 from tierserve.core.errors import TierserveError
 
 # Canonical batch shapes: (label, prefill tokens, prefill context, decodes, context per decode)
@@ -115,9 +116,9 @@ def register(app: typer.Typer) -> None:
     """Add the `hardware` and `calibrate` commands to the CLI app."""
 
     @app.command("hardware")
-    def hardware(model: Optional[str] = typer.Option(None, "--model", help="model name or alias"),
-                 gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU name or alias"),
-                 tp: int = typer.Option(1, "--tp", help="tensor-parallel degree"),
+    def hardware(model: Model = None,
+                 gpu: Gpu = None,
+                 tp: Tp = 1,
                  roofline: bool = typer.Option(False, "--roofline", help="uncalibrated roofline only"),
                  mode: str = typer.Option("physical", "--mode", help="physical or vidur_parity")) -> None:
         """List known models/GPUs, or show KV capacity and predicted times for one configuration."""
@@ -135,14 +136,15 @@ def register(app: typer.Typer) -> None:
     def calibrate(profiles: Optional[Path] = typer.Option(None, "--profiles", help="Vidur-format profiling/ folder"),
                   iterations: Optional[Path] = typer.Option(None, "--iterations", help="CSV of measured iterations"),
                   out: Path = typer.Option(..., "--out", help="where to write the fitted JSON"),
-                  model: Optional[str] = typer.Option(None, "--model", help="model of the iteration log (physical fit)"),
-                  gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU of the iteration log (physical fit)"),
-                  tp: Optional[int] = typer.Option(None, "--tp", help="TP of the iteration log (physical fit)"),
+                  model: Model = None,
+                  gpu: Gpu = None,
+                  tp: Tp = None,
                   objective: str = typer.Option("relative", "--objective",
                                                 help="linear iteration fit: relative (best per-step error) or mean "
                                                      "(plain least squares, right on the mean step: for simulation "
                                                      "from skewed step times)")) -> None:
-        """Fit execution-time coefficients from Vidur profiles or from a measured-iteration log."""
+        """Fit execution-time coefficients from Vidur profiles or from a measured-iteration log (--model, --gpu
+        and --tp: those of the iteration log, for the physical fit)."""
         import json
         from dataclasses import asdict
 

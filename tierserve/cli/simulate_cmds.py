@@ -11,6 +11,8 @@ from rich.console import Console
 
 from tierserve.core import ConfigError
 from tierserve.core.errors import Interrupted
+from tierserve.cli.options import (DropFraction, Executor, Gpu, Model, NumRequests, OutFolder, Rate, Replicas,
+                                   ScenarioFile, Seed, Seeds, SteadyState, Tp)
 from tierserve.core.files import check_out_dir, shown
 from tierserve.experiments.capacity import judge
 from tierserve.experiments.scenario import (
@@ -23,9 +25,6 @@ from tierserve.metrics.stability import (
 MAIN_JOB_METRICS = ("ttft.p50", "ttft.p99", "tbt.p99", "ttlt.p99", "slo_attainment", "goodput_rps")
 # What `tierserve simulate` runs with no options: FCFS, tier priority, and the tier contract (docs/contract.md).
 MAIN_JOB_STACKS = ("vllm+round_robin", "vllm_priority+round_robin", "tierserve+tierserve")
-STEADY_HELP = "Statistics over the steady-state window only (first and last --drop-fraction of arrivals dropped)."
-DROP_HELP = "With --steady-state: fraction of arrivals dropped at each end."
-SEEDS_HELP = "Run this many seeds (the scenario's seed and the ones after it); show mean ± 95% interval."
 
 
 def scenario_from_options(config: Optional[Path], overrides: dict[str, Any]) -> ScenarioConfig:
@@ -75,25 +74,25 @@ def run_with_progress(cfg: ScenarioConfig, console: Console, stream: bool = Fals
 def register(app: typer.Typer, console: Console) -> None:
     @app.command()
     def simulate(
-        config: Optional[Path] = typer.Option(None, "--config", "-c", help="Scenario YAML (see examples/)."),
-        model: Optional[str] = typer.Option(None, help="Model, e.g. Llama-3-8B."),
-        gpu: Optional[str] = typer.Option(None, help="GPU: A100-80GB, H100-80GB, H200."),
-        tp: Optional[int] = typer.Option(None, help="Tensor-parallel degree."),
-        replicas: Optional[int] = typer.Option(None, help="Number of replicas."),
+        config: ScenarioFile = None,
+        model: Model = None,
+        gpu: Gpu = None,
+        tp: Tp = None,
+        replicas: Replicas = None,
         local_policy: Optional[str] = typer.Option(None, "--local-policy", "-l", help="Replica scheduler."),
         cluster_policy: Optional[str] = typer.Option(None, "--cluster-policy", "-g", help="Global scheduler."),
         trace: Optional[Path] = typer.Option(None, help="Replay a trace file instead of the synthetic workload."),
         trace_format: Optional[str] = typer.Option(None, help="csv | azure | mooncake | vidur | vidur_run."),
-        rate: Optional[float] = typer.Option(None, help="Arrival rate (req/s), Poisson."),
-        num_requests: Optional[int] = typer.Option(None, "--num-requests", "-n", help="Number of requests."),
-        seed: Optional[int] = typer.Option(None, help="Random seed."),
+        rate: Rate = None,
+        num_requests: NumRequests = None,
+        seed: Seed = None,
         time_limit: Optional[float] = typer.Option(None, help="Stop at this simulated time (s); the rest is censored."),
         no_skip_ahead: bool = typer.Option(False, help="Step every iteration (for checking skip-ahead)."),
-        out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write requests.csv, summary.json here."),
-        steady_state: bool = typer.Option(False, "--steady-state", help=STEADY_HELP),
-        drop_fraction: float = typer.Option(DEFAULT_DROP_FRACTION, "--drop-fraction", help=DROP_HELP),
-        seeds: int = typer.Option(1, "--seeds", min=1, help=SEEDS_HELP),
-        executor: str = typer.Option("process", help="For --seeds > 1: serial | process | ray."),
+        out: OutFolder = None,
+        steady_state: SteadyState = False,
+        drop_fraction: DropFraction = DEFAULT_DROP_FRACTION,
+        seeds: Seeds = 1,
+        executor: Executor = "process",
         stream: Optional[bool] = typer.Option(
             None, "--stream/--no-stream",
             help=f"Stream: write each request's record as it ends and keep streaming statistics (memory flat in "
@@ -166,16 +165,16 @@ def register(app: typer.Typer, console: Console) -> None:
     def compare(
         stacks: str = typer.Option("vllm+round_robin,sarathi+round_robin,vllm_priority+jsq",
                                    help="Comma-separated LOCAL+CLUSTER policy stacks."),
-        config: Optional[Path] = typer.Option(None, "--config", "-c", help="Scenario YAML."),
-        replicas: Optional[int] = typer.Option(None, help="Number of replicas."),
-        rate: Optional[float] = typer.Option(None, help="Arrival rate (req/s)."),
-        num_requests: Optional[int] = typer.Option(None, "--num-requests", "-n"),
-        seed: Optional[int] = typer.Option(None),
-        executor: str = typer.Option("process", help="serial | process | ray."),
-        out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write each stack's outputs under this folder."),
-        steady_state: bool = typer.Option(False, "--steady-state", help=STEADY_HELP),
-        drop_fraction: float = typer.Option(DEFAULT_DROP_FRACTION, "--drop-fraction", help=DROP_HELP),
-        seeds: int = typer.Option(1, "--seeds", min=1, help=SEEDS_HELP),
+        config: ScenarioFile = None,
+        replicas: Replicas = None,
+        rate: Rate = None,
+        num_requests: NumRequests = None,
+        seed: Seed = None,
+        executor: Executor = "process",
+        out: OutFolder = None,
+        steady_state: SteadyState = False,
+        drop_fraction: DropFraction = DEFAULT_DROP_FRACTION,
+        seeds: Seeds = 1,
     ) -> None:
         """Run several policy stacks on the same workload and print them side by side, with each stack's
         queue-stability verdict."""

@@ -10,14 +10,25 @@ fixes its environment (threads, multiprocessing) at the first engine. `reqs.json
 (per request: tokens received, finish reason, times; the scheduler's own stats; with `--time-steps`, the
 wall and thread-CPU time of every `schedule()` + `update_from_output()` pair in µs) and, under the tierserve
 scheduler, `decisions.jsonl` and `iterations.csv`.
+
+The whole `--out` goes through the output layer (`staged_out`): everything the run writes, vLLM's temporary
+files included, lands in a private staging folder, published whole with `manifest.json` when the run ends; an
+interrupt (Ctrl-C, SIGTERM: exit 130 / 143) or an error publishes nothing, and a killed run leaves only the
+hidden staging folder, which the next run on that folder removes. Files in `--out` the run did not write are
+left alone; a rerun replaces the previous run's files whole.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 SCHEDULER_CLS = "tierserve.engines.vllm.scheduler.TierScheduler"
@@ -35,6 +46,30 @@ def write_results(out: Path, result: dict) -> Path:
     """`results.json` written atomically (never truncated under its name; a non-regular target is refused)."""
     from tierserve.core.files import write_text_atomic
     return write_text_atomic(out / "results.json", json.dumps(result))
+
+
+def _interrupt(signum: int, frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@contextmanager
+def staged_out(out: Path, engine_process: bool) -> Iterator[Path]:
+    """The run's staging folder for `out` (`tierserve.core.outputs.output_folder`, see the module docstring),
+    with the engine's environment pointed into it; `tmp/` (vLLM's temporary files and IPC sockets) is removed
+    before the rest is published. Within the block SIGTERM interrupts as Ctrl-C does, so the same clean-up runs."""
+    from tierserve.core.outputs import output_folder
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
+    try:
+        with output_folder(out, "--out") as stage:
+            engine_env(stage, engine_process)
+            try:
+                yield stage
+            finally:
+                shutil.rmtree(stage / "tmp", ignore_errors=True)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def engine_env(out: Path, engine_process: bool) -> None:
@@ -78,9 +113,22 @@ def main(argv: list[str] | None = None) -> int:
                          "full: re-read and re-sort the waiting queue every step (the reference path)")
     ap.add_argument("--time-steps", action="store_true", help="time schedule()/update_from_output() (in-process)")
     args = ap.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    engine_env(args.out, args.engine_process)
+    from tierserve.core import TierserveError
+    try:
+        with staged_out(args.out, args.engine_process) as stage:
+            return run(args, stage)
+    except TierserveError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as e:
+        name = str(e) or "SIGINT"
+        print(f"interrupted by {name}: nothing was published under {args.out}/ (this run's staging folder was "
+              f"removed; files that were already there are untouched)", file=sys.stderr)
+        return 143 if name == "SIGTERM" else 130
 
+
+def run(args: argparse.Namespace, out: Path) -> int:
+    """One engine run writing into `out` (the staging folder)."""
     from vllm import LLM, SamplingParams
 
     specs = json.loads(args.requests.read_text())
@@ -98,9 +146,9 @@ def main(argv: list[str] | None = None) -> int:
         ts = {"policy": args.policy, "policy_params": json.loads(args.policy_params),
               "incremental_waiting": args.waiting_order == "kept", "exec_model_file": args.exec_model_file}
         if args.logs in ("all", "iterations"):
-            ts["iteration_log"] = str(args.out / "iterations.csv")
+            ts["iteration_log"] = str(out / "iterations.csv")
         if args.logs == "all":
-            ts["decision_log"] = str(args.out / "decisions.jsonl")
+            ts["decision_log"] = str(out / "decisions.jsonl")
         kwargs["additional_config"] = {"tierserve": ts}
     llm = LLM(**kwargs)
     engine = llm.llm_engine
@@ -152,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         result["waiting_order"] = "kept" if sched.tierserve.incremental else "full"
         result["repeated_plans"] = sched.tierserve.repeated_plans     # steps that reused the previous plan
         sched.tierserve.close()
-    write_results(args.out, result)
+    engine.engine_core.shutdown()         # the engine core (its own process too) closes its logs before publishing
+    write_results(out, result)
     print(json.dumps({"wall_s": round(wall, 3), "requests": len(records),
                       "scheduler": result.get("scheduler")}))
     return 0

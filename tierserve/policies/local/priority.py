@@ -21,6 +21,7 @@ from typing import Any
 
 from tierserve.core import AllocationRule, BatchPlan, ConfigError, PreemptMode, RequestState, Status
 from tierserve.policies.local.base import LocalPolicy, ReplicaView
+from tierserve.policies.local.chunks import next_chunk
 from tierserve.policies.local.vllm import is_decode_step, parse_preempt_mode
 
 NEVER = 1 << 30
@@ -99,11 +100,7 @@ class PriorityLoopPolicy(LocalPolicy):
             if len(scheduled) >= cap or budget <= 0 or (not running and (not admit or held >= cap)):
                 blocked.append(r)
                 continue
-            n = r.num_tokens - r.num_computed_tokens
-            if chunk and n > chunk:
-                n = chunk
-            if n > budget:
-                n = budget
+            n = next_chunk(r, chunk, budget)
             need = self.blocks_to_hold(r, n, bs) - r.num_blocks
             if need > free:
                 for v in reversed(order[idx + 1:]):        # priority victims, worst first

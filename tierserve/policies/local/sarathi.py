@@ -7,6 +7,7 @@ from typing import Sequence
 
 from tierserve.core import AllocationRule, BatchPlan, PreemptMode, RequestState
 from tierserve.policies.local.base import LocalPolicy, ReplicaView, evict_from_tail, holds_computed_plus_next
+from tierserve.policies.local.chunks import next_chunk
 from tierserve.policies.local.vllm_v0 import arrival_key
 
 
@@ -98,7 +99,7 @@ class SarathiPolicy(LocalPolicy):
         for r in self.prefill_order(partial):
             if len(scheduled) >= cap or budget <= 0:
                 break
-            n = min(r.num_tokens - r.num_computed_tokens, budget)
+            n = next_chunk(r, 0, budget)
             scheduled.append((r, n))      # blocks were reserved for the whole prompt at admission
             budget -= n
             decode_only = False
@@ -108,7 +109,7 @@ class SarathiPolicy(LocalPolicy):
         for w in self.order_waiting(view.waiting):
             if num_seqs >= cap or len(scheduled) >= cap or budget <= 0:
                 break
-            n = min(w.num_tokens - w.num_computed_tokens, budget)
+            n = next_chunk(w, 0, budget)
             need = self.blocks_to_hold(w, n, bs) - w.num_blocks
             if need > free - view.watermark_blocks:
                 break

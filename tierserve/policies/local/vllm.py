@@ -13,6 +13,7 @@ from typing import Sequence
 
 from tierserve.core import BatchPlan, ConfigError, PreemptMode, RequestState
 from tierserve.policies.local.base import LocalPolicy, ReplicaView, _hold_per_chunk, declares_steady_plans
+from tierserve.policies.local.chunks import next_chunk
 
 PREEMPT_MODES = {"recompute": PreemptMode.RECOMPUTE, "swap": PreemptMode.SWAP}
 
@@ -99,11 +100,8 @@ class VLLMPolicy(LocalPolicy):
         while i < n_running and budget > 0 and n_scheduled < max_seqs:
             r = running[i]
             c = r.num_computed_tokens
-            n = to_run = r.num_tokens - c
-            if cap and n > cap:
-                n = cap
-            if n > budget:
-                n = budget
+            to_run = r.num_tokens - c
+            n = next_chunk(r, cap, budget)
             need = (-(-(c + n) // bs) if per_chunk else hold(r, n, bs)) - r.num_blocks
             evicted_self = False
             while need > free:
@@ -140,11 +138,7 @@ class VLLMPolicy(LocalPolicy):
             for w in self.resumable(view):
                 if num_seqs >= max_seqs or budget <= 0:
                     break
-                n = w.num_tokens - w.num_computed_tokens
-                if cap and n > cap:
-                    n = cap
-                if n > budget:
-                    n = budget
+                n = next_chunk(w, cap, budget)
                 need = self.blocks_to_hold(w, n, bs) - w.num_blocks
                 if need > free - view.watermark_blocks:
                     break                           # FCFS: the first that does not fit stops admission
