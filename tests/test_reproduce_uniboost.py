@@ -138,3 +138,30 @@ def test_saturation_throughput_and_old_meta_comparison():
 def test_unknown_section_is_a_clear_error(tmp_path):
     res = CliRunner().invoke(app, ["reproduce", "uniboost", "--sections", "table2,bogus", "--out", str(tmp_path)])
     assert res.exit_code == 2 and "--sections" in res.output and "bogus" in res.output
+
+
+# ---- Fig. 7 points on verdict-chosen run lengths (issue 23) -----------------------------------------------------
+def test_fig7_points_run_until_the_verdict_is_decided():
+    from tierserve.experiments.uniboost import Study, _jobs_for, point_most
+    from tierserve.experiments.uniboost_report import run_lengths_table
+    from tierserve.experiments.uniboost_runs import simulate_point
+    su = replace(Study().fig7, num_requests=600)
+    rate = 0.8 * 0.2806                        # ρ 0.8 of fcfs's measured capacity on this setup (docs/results)
+    assert simulate_point("fcfs", {}, su, rate, 1, "swap")[2].work.verdict == "undecided"   # the case growth is for
+    fixed = run_point("fcfs", {}, asdict(su), rate, 1, "swap")
+    assert fixed["lengths"] == [600] and fixed["verdict"] == "undecided" and fixed["run_most"] is None
+    grown = run_point("fcfs", {}, asdict(su), rate, 1, "swap", most=4800)
+    ns = grown["lengths"]
+    assert ns[0] == 600 and len(ns) > 1 and all(b == 2 * a for a, b in zip(ns, ns[1:])) and ns[-1] <= 4800
+    assert grown["requests"] == ns[-1] and grown["run_most"] == 4800
+    assert grown["verdict"] != "undecided" or ns[-1] == 4800       # decided, or stopped at the named bound
+    # the study gives Fig. 7 (and its sensitivity tables) the bound, and no other section
+    study = replace(Study(), sections=("table2", "fig7"), fig7=su)
+    jobs = _jobs_for(study, {"table2": 1.0, "fig7": 0.28})
+    assert {j["most"] for j in jobs if j["section"] == "fig7"} == {8 * 600}
+    assert {j["most"] for j in jobs if j["section"] == "table2"} == {None}
+    with pytest.raises(ConfigError, match="point_growth"):
+        point_most(replace(study, point_growth=0), "fig7", su)
+    table = "\n".join(run_lengths_table([{**grown, "section": "fig7", "label": "fcfs", "rho": 0.8}], "fig7",
+                                        ("fcfs",), (0.8,)))
+    assert f"| fcfs | {ns[-1]} {grown['verdict'][0]} |" in table

@@ -22,9 +22,12 @@ def ktier(quick: bool = typer.Option(False, "--quick", help="Same regimes, small
           requests: int = typer.Option(None, "--requests", help="Override the first length of every run (requests)."),
           standard: bool = typer.Option(False, "--standard", help="The main setup without the sensitivity "
                                         "repeats and with fewer K and loads (what docs/results/ktier.md shows)."),
-          sensitivity: bool = typer.Option(False, "--sensitivity", help="With --quick: add the sensitivity rows for "
-                                           "model architecture (Llama-3-8B, GQA) and migration bandwidth ×0.5 / ×2 "
-                                           "(its own doc section, 'ktier quick-sensitivity')."),
+          sensitivity: bool = typer.Option(False, "--sensitivity", help="Only the sensitivity rows (capacity with "
+                                           "one assumption changed; tierserve.experiments.ktier_sensitivity), their "
+                                           "own doc section ('ktier <size>-sensitivity')."),
+          axes: str = typer.Option(None, "--axes", help="With --sensitivity: comma-separated subset of budget, exec, "
+                                   "model, bandwidth (default: model at --quick, where no live migration happens; "
+                                   "model,bandwidth otherwise). A non-default choice is named in the section."),
           doc: Path = typer.Option(None, "--doc", help="Also write the report into this Markdown document, as its "
                                    "section for this size (quick | standard | full), replacing that section.")) -> None:
     """Capacity per stack and class, attainment vs ρ, an overload episode, GPUs needed, sensitivity rows and the
@@ -33,21 +36,34 @@ def ktier(quick: bool = typer.Option(False, "--quick", help="Same regimes, small
 
     from tierserve.experiments.ktier import Study
     from tierserve.experiments.ktier_report import run_study
+    from tierserve.experiments.ktier_sensitivity import run_sensitivity
     study = Study.quick() if quick else Study.standard() if standard else Study()
     study = replace(study, seeds=tuple(range(seeds)))
-    if sensitivity:
-        study = replace(study, sensitivity=True, sensitivity_axes=("model", "bandwidth"))
+    default_axes = ("model",) if quick else ("model", "bandwidth")
+    chosen = default_axes
+    if axes is not None or sensitivity:
+        from tierserve.core import ConfigError
+        from tierserve.experiments.ktier_sensitivity import check_axes
+        try:
+            if axes is not None and not sensitivity:
+                raise ConfigError("--axes", axes, "no --axes without --sensitivity")
+            chosen = check_axes(tuple(x.strip() for x in axes.split(",") if x.strip())) if axes else default_axes
+        except ConfigError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2)
+        study = replace(study, sensitivity=True, sensitivity_axes=chosen)
     if replicas is not None:
         study = replace(study, setup=replace(study.setup, num_replicas=replicas))
     if requests is not None:
         study = replace(study, setup=replace(study.setup, num_requests=requests))
     console = Console(width=220)
     t0 = time.perf_counter()
-    result = run_study(study, out, executor=executor)
+    result = (run_sensitivity if sensitivity else run_study)(study, out, executor=executor)
     console.print(result["markdown"], markup=False, highlight=False)
     if doc is not None:
         from tierserve.experiments.results_doc import write_section
         size = ("quick" if quick else "standard" if standard else "full") + ("-sensitivity" if sensitivity else "")
+        size += "" if chosen == default_axes else "-" + "-".join(chosen)
         write_section(doc, f"ktier {size}", result["markdown"], "K-tier study results")
         console.print(f"wrote its section 'ktier {size}' of {shown(doc)}")
     console.print(f"wrote {shown(out)}/ktier_report.md, ktier_*.csv, ktier_meta.json and {len(result['plots'])} plots "

@@ -345,6 +345,7 @@ class CapacityRow:
     migrations_queued: float = math.nan
     fails_at: float = math.inf         # lowest failing rate probed above the capacity (the interval's top)
     lengths: tuple[int, int] = (0, 0)  # shortest and longest run the verdicts chose (requests)
+    migrations_live_above: float = math.nan   # mean per run at the lowest failing rate above the capacity
 
 
 def verdict_of(runs) -> str:
@@ -399,7 +400,9 @@ def capacity_job(group: str, stack: Stack, setup: RunSetup, arrival: Arrival, lo
         downtime_p99_ms=1e3 * float(np.mean([r.summary.extras["migration_downtime_p99_s"] for r in mig])),
         migrations_live=float(np.mean([r.summary.extras["migrations_live_committed"] for r in mig])),
         migrations_queued=float(np.mean([r.summary.extras["migrations_queued"] for r in mig])),
-        fails_at=cap.interval[1], lengths=cap.lengths)
+        fails_at=cap.interval[1], lengths=cap.lengths,
+        migrations_live_above=(float(np.mean([r.summary.extras["migrations_live_committed"]
+                                              for r in cap.runs[above[0]]])) if above else math.nan))
 
 
 def gpus_job(label: str, stack: Stack, setup: RunSetup, rate: float, start: int, max_n: int,

@@ -314,11 +314,11 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
-def markdown(study: Study, cap_rows, rho_rows, over_rows, vs_local, gpu_rows, seed_rows, c_base: float,
-             wall_s: float) -> str:
+def setup_lines(study: Study) -> list[str]:
+    """The setup, SLO ladder and statistics sentences every K-tier report opens with."""
     s0 = study.setup
     ladder = ", ".join(f"{c} {ladder_ttft_s(i):.2f} s" for i, c in enumerate(CLASS_NAMES))
-    L = [f"# K-tier study (seed 000), capacity-normalised", "",
+    return [
          f"Setup: {s0.num_replicas} × {s0.model}/{s0.gpu} replicas, vLLM v1 batch shape (token budget "
          f"{s0.token_budget}, {s0.max_num_seqs} sequences) for every stack, exec model `{s0.exec_mode}`, migration "
          f"{s0.bandwidth_gbytes_s:g} GB/s; runs of {s0.num_requests} requests, doubled while the work verdict is "
@@ -329,7 +329,13 @@ def markdown(study: Study, cap_rows, rho_rows, over_rows, vs_local, gpu_rows, se
          "Statistics: from the end of the warm-up the verdict found (MSER on the unfinished work) to the last "
          "arrival; mean ± 95% Student-t half-width over seeds. Verdict: seeds whose unfinished work (prefill + "
          "decode tokens still to compute) does not grow with run length beyond 2% of the arriving work "
-         "(`tierserve.metrics.stability`, the work verdict).",
+         "(`tierserve.metrics.stability`, the work verdict)."]
+
+
+def markdown(study: Study, cap_rows, rho_rows, over_rows, vs_local, gpu_rows, seed_rows, c_base: float,
+             wall_s: float) -> str:
+    s0 = study.setup
+    L = [f"# K-tier study (seed 000), capacity-normalised", "", *setup_lines(study),
          f"Capacity: bisection over rate to ±{study.rel_tol:.0%} with common random numbers (capacity rule in "
          f"`tierserve.experiments.capacity`). Baseline `fcfs` (INFaaS + vLLM FCFS) capacity under Poisson arrivals: "
          f"**{c_base:.2f} req/s** ({c_base / s0.num_replicas:.2f} per replica); ρ = rate / the baseline's capacity "

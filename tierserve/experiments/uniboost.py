@@ -1,8 +1,10 @@
 """Seed 001 (UniBoost) reproduced on tierserve's replica model, in units of measured capacity.
 
-Every point is a (policy, setup, ρ, seed) run judged in steady state (⌊0.1·n⌋ first and last arrivals dropped)
-with the queue-trend stability verdict; points are reported as mean ± 95% over ≥ 3 seeds, with the share of
-seeds whose queue was stable. ρ = rate / the stable-only capacity of `fcfs` (Sarathi order) on the same setup,
+Every point is a (policy, setup, ρ, seed) run judged by the work verdict (`tierserve.metrics.stability`: the
+unfinished work's growth, warm-up found and dropped) and summarised from the warm-up's end on; points are
+reported as mean ± 95% over ≥ 3 seeds, with the share of seeds whose queue was stable. In `Study.grown_sections`
+(Fig. 7 and its sensitivity tables) a point's run length is the verdict's choice: its setup's requests, doubled
+while undecided, up to `Study.point_growth` × them; each row states the length chosen. ρ = rate / the stable-only capacity of `fcfs` (Sarathi order) on the same setup,
 found by `find_capacity` (bisection, common random numbers across rates).
 
 Sections (seed 001's numbering): Table 2 (Llama-3-8B, 70% reasoning + 30% Azure conversation, every policy as %
@@ -38,6 +40,9 @@ from tierserve.experiments.uniboost_runs import (  # noqa: F401  (the study's na
     Setup, _cluster, gamma_numbers, long_request_trend, mixed_requests, run_point, simulate_point,
     starvation_numbers, with_preempt_mode,
 )
+
+CAPACITY_GROWTH = 8      # a capacity probe runs the setup's requests, doubled while undecided, up to 8× them
+
 
 @dataclass(frozen=True)
 class Study:
@@ -92,6 +97,11 @@ class Study:
     # the baselines swap too; `preempt_rows` adds each listed policy with recompute as its own labelled row.
     preempt_mode: str = "swap"
     preempt_rows: tuple[str, ...] = ("fcfs", "srpt")
+    # Run lengths of the points (issue 23): in these sections each (point, seed) runs its setup's requests first
+    # and doubles while its work verdict is undecided, up to `point_growth` × them (the bound the capacity probes
+    # use); every row states the length chosen. Elsewhere a point runs its setup's length once.
+    grown_sections: tuple[str, ...] = ("fig7", "sensitivity")
+    point_growth: int = CAPACITY_GROWTH
     batch_points: int = 4                    # points (all seeds of one configuration) per batch of runs
 
     @classmethod
@@ -115,10 +125,12 @@ def _capacity_guess(setup: Setup) -> float:
 
 
 def _cap_run(setup: dict, rate: float, seed: int, mode: str = "recompute") -> tuple[bool, int]:
-    """(stable, requests run) of `fcfs` at one probe: the setup's length, doubled while undecided up to 8×."""
+    """(stable, requests run) of `fcfs` at one probe: the setup's length, doubled while undecided up to
+    `CAPACITY_GROWTH`×."""
     from tierserve.experiments.capacity import RunLength, judged_run
     su = Setup(**setup)
-    run = judged_run(PointRunner("fcfs", (), su, mode), rate, seed, RunLength(su.num_requests, 8 * su.num_requests))
+    run = judged_run(PointRunner("fcfs", (), su, mode), rate, seed,
+                     RunLength(su.num_requests, CAPACITY_GROWTH * su.num_requests))
     return bool(run.stable), run.num_requests
 
 
@@ -202,11 +214,13 @@ def _jobs_for(study: Study, caps: dict[str, float]) -> list[dict[str, Any]]:
     fig7_cap, t2_cap = caps.get(study.fig7.name), caps.get(study.table2.name)
 
     def add(section, policy, params, setup, rho, replicas=None):
+        most = point_most(study, sec, setup)
         for s in study.seeds:
             for rep in (replicas(s) if replicas else [setup.replay_replica]):
                 su = replace(setup, replay_replica=rep)
                 jobs.append({"section": section, "policy": policy, "params": params, "setup": asdict(su),
-                             "rate": rho * caps[setup.name], "seed": s, "rho": rho, "mode": study.preempt_mode})
+                             "rate": rho * caps[setup.name], "seed": s, "rho": rho, "mode": study.preempt_mode,
+                             "most": most})
 
     def add_mode_rows(section, setup, rho):
         for p in study.preempt_rows:
@@ -263,6 +277,17 @@ def _jobs_for(study: Study, caps: dict[str, float]) -> list[dict[str, Any]]:
             raise ValueError(f"unknown section {sec!r}; known: table2, fig7, sensitivity, starvation, tiers, "
                              "dispatch, replay, gamma")
     return jobs
+
+
+def point_most(study: Study, section: str, setup: Setup) -> int | None:
+    """The most requests a point of `section` may run (None: its setup's length, once); see `Study.grown_sections`."""
+    if section not in study.grown_sections:
+        return None
+    if not (isinstance(study.point_growth, int) and study.point_growth >= 1):
+        from tierserve.core import ConfigError
+        raise ConfigError("point_growth", study.point_growth, "an integer >= 1 (the bound on a point's run length, "
+                          "in multiples of its setup's requests)")
+    return study.point_growth * setup.num_requests
 
 
 def _table2_policies(study: Study, rho: float) -> tuple[str, ...]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tierserve.experiments.uniboost import Study, _table2_policies
+from tierserve.experiments.uniboost import CAPACITY_GROWTH, Study, _table2_policies, point_most
 from tierserve.experiments.uniboost_runs import (
     ABLATION, METRICS, SEED_FIG7, SEED_HEADLINE, SEED_SLO_GAIN,
 )
@@ -128,6 +128,30 @@ def _mode_labels(study: Study) -> list[str]:
     return [f"{p}[preempt_mode=recompute]" for p in study.preempt_rows]
 
 
+def run_lengths_text(study: Study, section: str, setup) -> str:
+    """How a section's points chose their run lengths, for its heading."""
+    most = point_most(study, section, setup)
+    if most is None:
+        return f"{setup.num_requests} requests"
+    return f"runs of {setup.num_requests}–{most} requests (doubled while the work verdict is undecided)"
+
+
+def run_lengths_table(rows, section: str, labels, rhos) -> list[str]:
+    """The run length each seed's verdict chose (requests, by seed) and the verdicts, per label and ρ."""
+    lines = ["Run lengths the verdict chose (requests per seed, in seed order) and the verdicts "
+             "(s = stable, u = unstable, ? = still undecided at the bound):", "",
+             "| policy | " + " | ".join(f"ρ={r}" for r in rhos) + " |", "|" + "---|" * (len(rhos) + 1)]
+    mark = {"stable": "s", "unstable": "u", "undecided": "?"}
+    for p in labels:
+        cells = []
+        for rho in rhos:
+            g = sorted(group(rows, section, p, rho), key=lambda r: r["seed"])
+            cells.append(", ".join(f"{r.get('lengths', [r['requests']])[-1]} {mark.get(r['verdict'], r['verdict'])}"
+                                   for r in g) if g else "—")
+        lines.append(f"| {p} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def report(study: Study, rows, caps, derived=None, saturation=None) -> str:
     derived = derived or {}
     saturation = saturation or {}
@@ -135,7 +159,8 @@ def report(study: Study, rows, caps, derived=None, saturation=None) -> str:
              f"Seeds {list(study.seeds)}; steady state = arrivals from the end of the warm-up the work verdict "
              "found; ± = 95% interval over seeds; `stable` = seeds whose work verdict (unfinished prefill + "
              "decode tokens do not grow with run length) is stable. ρ = rate / stable-only capacity of `fcfs` "
-             "on the same setup (probes lengthened while undecided, up to 8× the setup's requests). "
+             f"on the same setup (probes lengthened while undecided, up to {CAPACITY_GROWTH}× the setup's "
+             "requests). "
              "Improvements use seed 001's sign: positive = better.", "",
              f"One change at a time: every stack preempts by **{study.preempt_mode}** (UniBoost with MemGuard "
              "picks the cheaper of swap and recompute per victim, so the baselines are given swap too); the rows "
@@ -185,8 +210,9 @@ def report(study: Study, rows, caps, derived=None, saturation=None) -> str:
         lines += ["", f"(seed: {SEED_SLO_GAIN[0]}–{SEED_SLO_GAIN[1]}× tighter TTFT SLO at 99% with UniBoost)", ""]
     if sec_rows("fig7"):
         cap = caps[study.fig7.name]
+        runs = run_lengths_text(study, "fig7", study.fig7)
         for metric, name in (("ttft", "TTFT"), ("ttlt", "TTLT")):
-            lines += [f"## Fig. 7 — {study.fig7.model} TP1 on {study.fig7.gpu}, {study.fig7.num_requests} requests: "
+            lines += [f"## Fig. 7 — {study.fig7.model} TP1 on {study.fig7.gpu}, {runs}: "
                       f"P90 / P99 {name} (s) vs ρ (stable seeds)", "",
                       "| policy | " + " | ".join(f"ρ={r} ({r * cap:.3g} req/s)" for r in study.fig7_rhos) + " |",
                       "|" + "---|" * (len(study.fig7_rhos) + 1)]
@@ -207,13 +233,15 @@ def report(study: Study, rows, caps, derived=None, saturation=None) -> str:
                      if (g := group(rows, "fig7", p, rho))
                      else "—" for rho in study.fig7_rhos]
             lines.append(f"| {p} | " + " | ".join(cells) + " |")
-        lines += ["", f"(seed: {SEED_FIG7})", ""]
+        lines += ["", *run_lengths_table(rows, "fig7", ("fcfs", *ABLATION, *_mode_labels(study)), study.fig7_rhos),
+                  f"(seed: {SEED_FIG7})", ""]
     sens = [r for r in rows if r["section"].startswith("sens_")]
     if sens:
         rho = study.sens_rho
         ref = group(rows, "fig7", "uniboost", rho)
         ref_f = group(rows, "fig7", "fcfs", rho)
-        lines += [f"## Tables 6–8 — sensitivity of uniboost on the Fig. 7 setup, ρ = {rho}", "",
+        lines += [f"## Tables 6–8 — sensitivity of uniboost on the Fig. 7 setup, ρ = {rho}, "
+                  f"{run_lengths_text(study, 'sensitivity', study.fig7)}", "",
                   "Default: k = 256, δ = 32, chunk (token budget) 2,048 — the Fig. 7 point at this ρ. "
                   "% = change vs that default (positive = better); Table 8's rows also vs `fcfs` at the same chunk.",
                   "", "| variant | stable | ttft.p99 (s) | ttlt.p99 (s) | tpot.p99 (s) | preemptions | "
@@ -235,6 +263,12 @@ def report(study: Study, rows, caps, derived=None, saturation=None) -> str:
             lines.append(row(f"Table 8: uniboost, chunk {c} (Δ vs fcfs at chunk {c})", u_, f_))
         lines.append(row("uniboost, chunk 2048 (Δ vs fcfs at chunk 2048)", ref, ref_f))
         lines.append("")
+        lengths = [f"{r['label']} {r['setup']}: " + ", ".join(str(x["lengths"][-1]) for x in
+                                                          sorted(group(sens, r["section"], r["label"], None, r["setup"]),
+                                                                 key=lambda x: x["seed"]))
+                   for r in {(r["section"], r["label"], r["setup"]): r for r in sens if "lengths" in r}.values()]
+        if lengths:
+            lines += ["Run lengths the verdict chose (requests per seed): " + "; ".join(lengths) + ".", ""]
     if sec_rows("starvation"):
         su = study.starvation
         size = su.replay_of or su.num_replicas
@@ -430,7 +464,7 @@ def run_study(study: Study, outdir: str | Path, executor: str = "process", log=p
             jid = job_id(j["policy"], j["params"], j["setup"]["name"], j["rate"], j["seed"],
                          j["setup"]["replay_replica"])
             r = old_rows.get(jid)
-            if r is not None and base in fam:
+            if r is not None and base in fam and r.get("run_most") == j["most"]:   # same run-length rule too
                 rows.append(r)
                 have.add(jid)
         meta["resumed_runs"] = len(rows)

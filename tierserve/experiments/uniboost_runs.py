@@ -192,15 +192,36 @@ def _unloaded_latency(states, predictor) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(ttft0), np.asarray(ttlt0)
 
 
-def run_point(policy: str, params: dict, setup: dict, rate: float, seed: int, mode: str = "recompute") -> dict[str, Any]:
+def grown_point(policy: str, params: dict, setup: Setup, rate: float, seed: int, mode: str = "recompute",
+                most: int | None = None):
+    """`simulate_point` at the setup's length, or — with `most` above it — at the length the work verdict chooses:
+    doubled while undecided, up to `most` requests (still undecided there, the run says so). Returns
+    (result, table, run, lengths tried); the run's work verdict lists the lengths too."""
+    if not most or most <= setup.num_requests:
+        res, table, run = simulate_point(policy, params, setup, rate, seed, mode)
+        return res, table, run, (setup.num_requests,)
+    from tierserve.metrics.stability import WORK, sequential_verdict
+    (res, table, run), verdict = sequential_verdict(
+        lambda n: simulate_point(policy, params, replace(setup, num_requests=n), rate, seed, mode),
+        setup.num_requests, most, lambda point: point[2].stability[WORK])
+    run.stability[WORK] = verdict
+    return res, table, run, verdict.lengths
+
+
+def run_point(policy: str, params: dict, setup: dict, rate: float, seed: int, mode: str = "recompute",
+              most: int | None = None) -> dict[str, Any]:
     """One run's numbers (steady-state window): latency percentiles, throughput, verdict, preemption counts,
-    SLO-scale P99s, and, for the starvation workload, the long-request trend and preempted-time P99."""
+    SLO-scale P99s, and, for the starvation workload, the long-request trend and preempted-time P99. With `most`,
+    the run length is the verdict's choice (`grown_point`): `requests` is the length chosen, `lengths` every one
+    tried, `run_most` the bound."""
     st = Setup(**setup)
     t0 = time.perf_counter()
-    res, table, run = simulate_point(policy, params, st, rate, seed, mode)
+    res, table, run, lengths = grown_point(policy, params, st, rate, seed, mode, most)
+    st = replace(st, num_requests=lengths[-1])
     allsum = run.summary.tiers["all"]
     out: dict[str, Any] = {"policy": policy, "params": params, "setup": st.name, "rate": rate, "seed": seed,
                            "replica": st.replay_replica, "requests": len(res.states),
+                           "lengths": [int(x) for x in lengths], "run_most": most,
                            "stable": run.stable, "verdict": run.verdict_line(), "wall_s": 0.0,
                            "preempt_mode": with_preempt_mode(policy, params, mode).get("preempt_mode", "policy's own"),
                            "swaps": int(np.sum(table["swaps"]))}
