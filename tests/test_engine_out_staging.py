@@ -35,8 +35,12 @@ class _Engine:
     def __init__(self, kwargs):
         ts = (kwargs.get("additional_config") or {}).get("tierserve", {})
         self.logs = [open(p, "w") for p in (ts.get("iteration_log"), ts.get("decision_log")) if p]
+        import tempfile
         tmp = os.environ["TMPDIR"]
+        assert tempfile.gettempdir() == tmp, (tempfile.gettempdir(), tmp)
         open(os.path.join(tmp, "engine-ipc.sock"), "w").close()        # what vLLM leaves under TMPDIR
+        with open(os.environ["FAKE_VLLM_NOTE"], "w") as f:               # where, for the test to look after
+            f.write(tmp)
         self.pending = {}
         self.vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(async_scheduling=False))
         self.engine_core = SimpleNamespace(engine_core=SimpleNamespace(scheduler=object()), shutdown=self.shutdown)
@@ -84,6 +88,7 @@ def start(fake: Path, out: Path, *args: str, hang: Path | None = None) -> subpro
     reqs.write_text(json.dumps([{"prompt_tokens": 8, "output_tokens": 3, "tier": t} for t in (0, 1, 2)]))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fake), str(ROOT)]))
     env.pop("FAKE_VLLM_HANG", None)
+    env["FAKE_VLLM_NOTE"] = str(out.parent / "tmpdir-used")
     if hang is not None:
         env["FAKE_VLLM_HANG"] = str(hang)
     return subprocess.Popen([sys.executable, "-m", "tierserve.engines.vllm.run", "--model", "none", "--requests",
@@ -136,6 +141,9 @@ def test_a_finished_engine_run_publishes_its_whole_out_with_a_manifest(fake_vllm
     assert len(json.loads((out / "results.json").read_text())["requests"]) == 3
     assert (out / "iterations.csv").read_text().count("a step") == 3     # closed by the engine before publishing
     assert not (out / "tmp").exists()                                    # vLLM's temporary files are not results
+    used = Path((tmp_path / "tmpdir-used").read_text())
+    assert not used.exists() and out not in used.parents                 # a private folder, removed at the end
+    assert len(str(used / "0123456789abcdef0123456789abcdef01234567")) < 108   # a socket path there fits
     assert not [p.name for p in out.iterdir() if p.name.startswith(".tierserve")]
     assert_untouched(out, mine)
 
@@ -145,6 +153,7 @@ def test_a_terminated_engine_run_publishes_nothing_and_removes_only_its_own_file
     mine = unrelated(out)
     rc, text = kill_mid_run(fake_vllm, out, signal.SIGTERM)
     assert rc == 143 and "nothing was published" in text, text
+    assert not Path((tmp_path / "tmpdir-used").read_text()).exists()
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == sorted(mine)
     assert_untouched(out, mine)
 

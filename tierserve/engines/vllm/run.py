@@ -11,11 +11,13 @@ fixes its environment (threads, multiprocessing) at the first engine. `reqs.json
 wall and thread-CPU time of every `schedule()` + `update_from_output()` pair in µs) and, under the tierserve
 scheduler, `decisions.jsonl` and `iterations.csv`.
 
-The whole `--out` goes through the output layer (`staged_out`): everything the run writes, vLLM's temporary
-files included, lands in a private staging folder, published whole with `manifest.json` when the run ends; an
-interrupt (Ctrl-C, SIGTERM: exit 130 / 143) or an error publishes nothing, and a killed run leaves only the
-hidden staging folder, which the next run on that folder removes. Files in `--out` the run did not write are
-left alone; a rerun replaces the previous run's files whole.
+The whole `--out` goes through the output layer (`staged_out`): everything the run writes lands in a private
+staging folder, published whole with `manifest.json` when the run ends; an interrupt (Ctrl-C, SIGTERM: exit
+130 / 143) or an error publishes nothing, and a killed run leaves only the hidden staging folder, which the next
+run on that folder removes. Files in `--out` the run did not write are left alone; a rerun replaces the previous
+run's files whole. vLLM's temporary files and IPC sockets are not results: they go to a private folder in the
+system's temporary directory, removed when the run ends (a socket path must stay under 108 bytes, which a
+folder inside `--out`'s staging folder can exceed).
 """
 from __future__ import annotations
 
@@ -55,26 +57,31 @@ def _interrupt(signum: int, frame) -> None:
 @contextmanager
 def staged_out(out: Path, engine_process: bool) -> Iterator[Path]:
     """The run's staging folder for `out` (`tierserve.core.outputs.output_folder`, see the module docstring),
-    with the engine's environment pointed into it; `tmp/` (vLLM's temporary files and IPC sockets) is removed
-    before the rest is published. Within the block SIGTERM interrupts as Ctrl-C does, so the same clean-up runs."""
+    and the engine's environment with its temporary files in a private folder, removed when the block ends.
+    Within the block SIGTERM interrupts as Ctrl-C does, so the same clean-up runs."""
+    import tempfile
+
     from tierserve.core.outputs import output_folder
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
     try:
         with output_folder(out, "--out") as stage:
-            engine_env(stage, engine_process)
+            tmp = Path(tempfile.mkdtemp(prefix="tierserve-engine-"))
+            previous_tempdir = tempfile.tempdir
             try:
+                engine_env(tmp, engine_process)
+                tempfile.tempdir = str(tmp)         # this process's temporary files too (gettempdir is cached)
                 yield stage
             finally:
-                shutil.rmtree(stage / "tmp", ignore_errors=True)
+                tempfile.tempdir = previous_tempdir
+                shutil.rmtree(tmp, ignore_errors=True)
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
 
 
-def engine_env(out: Path, engine_process: bool) -> None:
-    """Set before vLLM (and torch) are imported: one OpenMP thread, temporary files under `out`."""
-    tmp = out / "tmp"
+def engine_env(tmp: Path, engine_process: bool) -> None:
+    """Set before vLLM (and torch) are imported: one OpenMP thread, temporary files under `tmp`."""
     tmp.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ["TMPDIR"] = str(tmp)
