@@ -135,6 +135,7 @@ def test_no_tier0_decode_is_preempted_while_a_lower_tier_runs(spec, free):
     for v, _ in plan.preempt:
         if v.tier == 0 and is_decoding(v):
             assert all(r.tier == 0 for r in left), "a tier-0 decode was evicted while a lower tier kept running"
+            assert all(r.tier == 0 for r, _ in plan.scheduled), "a tier-0 decode was evicted to admit a lower tier"
 
 
 def test_a_waiting_tier0_request_displaces_a_lower_tier_at_max_num_seqs():
@@ -189,6 +190,29 @@ def test_deferred_requests_are_in_requests_csv_with_their_reason(burst_run, tmp_
     assert all(r["outcome"] == str(int(Outcome.FINISHED)) for r in deferred)   # held, then served in full
 
 
+def test_every_held_request_is_accounted_for_as_deferred(burst_run, tmp_path):
+    """Deferred ⇔ held: a request's record says `deferred: held …` exactly when it was dispatched after it
+    arrived (the only way tierserve dispatch delays one), and a streamed run's requests.csv says the same."""
+    t = burst_run.table
+    held = t["dispatch_s"] > t["arrival_s"]
+    marked = np.array([isinstance(r, str) and r.startswith("deferred: held") for r in t["reason"]])
+    assert held.sum() > 0
+    np.testing.assert_array_equal(held, marked)
+    from tierserve.experiments.contract import deferred_per_tier
+    tiers = t["tier"][marked].tolist()
+    assert deferred_per_tier(t) == {k: tiers.count(k) for k in set(tiers)}
+    from tierserve.experiments.scenario import run_scenario
+    run_scenario(small_burst_scenario(), stream=True, outdir=tmp_path)
+    with open(tmp_path / "requests.csv", newline="") as f:
+        streamed = {int(r["id"]): r["reason"] for r in csv.DictReader(f)}
+    assert len(streamed) == len(t["id"])
+    for i, reason in zip(t["id"].tolist(), t["reason"]):
+        if isinstance(reason, str) and reason.startswith("deferred:"):
+            assert streamed[int(i)] == reason
+        else:
+            assert not streamed[int(i)].startswith("deferred:")
+
+
 def test_skip_ahead_is_exact_for_the_contract_stack(burst_run):
     from tierserve.experiments.scenario import run_scenario
     stepped = run_scenario(small_burst_scenario(skip_ahead=False))
@@ -207,3 +231,63 @@ def test_the_default_run_prints_fcfs_priority_and_tierserve_side_by_side():
     assert MAIN_JOB_STACKS == ("vllm+round_robin", "vllm_priority+round_robin", "tierserve+tierserve")
     for stack in MAIN_JOB_STACKS:
         assert f"{stack} queue:" in result.output
+
+
+class Instance:
+    """An InstanceView stand-in (what the cluster policy reads of one replica)."""
+
+    def __init__(self, index, running, waiting, predictor):
+        self.index = index
+        self.running, self.waiting, self.swapped = running, waiting, []
+        self.total_blocks, self.block_size, self.max_num_seqs = 100_000, 16, 256
+        self.predictor = predictor
+
+    @property
+    def num_outstanding(self):
+        return len(self.running) + len(self.waiting)
+
+
+def waiting_state(i, tier, prompt, arrival, replica):
+    s = RequestState(Request(i, arrival, prompt, 100, tier, SLOS[tier]))
+    s.status, s.replica = Status.WAITING, replica
+    return s
+
+
+def test_redispatch_moves_a_late_kv_less_tier1_request_to_a_replica_where_it_is_in_time():
+    model = a100_model()
+    now = 10.0
+    # Replica 0: a tier-0 decode throttles the chunk and 30k tier-1 prompt tokens queue ahead of request 99.
+    ahead = [waiting_state(i, 1, 3000, now - 0.2, 0) for i in range(10)]
+    late = waiting_state(99, 1, 2000, now - 0.1, 0)
+    busy = Instance(0, [decode_state(50, 0, 2000)], ahead + [late], model)
+    free = Instance(1, [], [], model)
+    policy = CLUSTER_POLICIES.create("tierserve", redispatch=True)
+    moves = policy.rebalance([busy, free], now)
+    assert len(moves) == 1 and moves[0].source == 0 and moves[0].destination == 1
+    assert moves[0].request.tier == 1 and moves[0].request.num_blocks == 0
+    # Nothing moves when it is off, when the request makes its TTFT where it is, or when it is protected or
+    # holds KV.
+    assert CLUSTER_POLICIES.create("tierserve").rebalance([busy, free], now) == []
+    assert policy.rebalance([Instance(0, [], [late], model), free], now) == []
+    t0 = waiting_state(98, 0, 2000, now - 0.1, 0)
+    assert policy.rebalance([Instance(0, [decode_state(50, 0, 2000)], ahead[:0] + [t0], model), free], now) == []
+    for r in ahead + [late]:
+        r.num_blocks = 1
+    assert policy.rebalance([busy, free], now) == []
+
+
+def test_redispatch_runs_in_the_simulator_and_is_recorded(tmp_path):
+    """Queued moves happen (each counted in the request's `migrations`), every request still ends once, and
+    skip-ahead stays exact with re-dispatch on."""
+    from tierserve.experiments.scenario import run_scenario
+    on = run_scenario(small_burst_scenario(redispatch=True))
+    stepped = run_scenario(small_burst_scenario(skip_ahead=False, redispatch=True))
+    t = on.table
+    moves = on.sim.stats["migrations_queued"]
+    assert len(t["id"]) == 500 and moves > 0 and on.sim.stats["migrations_live_started"] == 0
+    migrations = np.asarray(t["migrations"])
+    assert migrations.sum() == moves                            # every move is on the moved request's record
+    moved = migrations > 0
+    assert set(t["tier"][moved].tolist()) <= {1}
+    for col in ("first_token_s", "finish_s", "replica", "outcome", "migrations"):
+        np.testing.assert_array_equal(t[col], stepped.table[col], err_msg=col)

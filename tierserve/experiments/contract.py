@@ -6,7 +6,7 @@ Sections (each a list of runs, every run judged by the work verdict of `tierserv
   capacity    — per stack on the default mix (Poisson, no burst): the highest rate at which every tier meets its
                 goal and the queue is stable (`experiments.capacity.scenario_capacity`), and stable-only;
   steady      — Poisson loads ρ = rate / (FCFS capacity measured in `capacity`, else the default scenario's
-                committed 15.7 req/s) from 0.5 to 1.1, steady-state window;
+                committed DEFAULT_BASELINE_CAPACITY_RPS, the same search's result) from 0.5 to 1.1, steady window;
   ktier       — seed 000's tier distributions (uniform, Gaussian, enterprise) with K = 3…5 tiers at ρ = 0.9;
   reasoning   — seed 001's reasoning-heavy mix (70% reasoning, 30% chat; 3 tiers) at ρ of FCFS's stable-only
                 capacity on that mix (measured here);
@@ -25,7 +25,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tierserve.experiments.capacity import RunLength, find_capacity, judge, scenario_capacity, with_rate
+from tierserve.experiments.capacity import (
+    RunLength, StackCapacity, find_capacity, judge, scenario_capacity, with_rate,
+)
 from tierserve.experiments.scenario import (
     DEFAULT_BASELINE_CAPACITY_RPS, ScenarioConfig, baseline_scenario, run_scenario,
 )
@@ -54,6 +56,29 @@ SECTIONS = ("default", "capacity", "steady", "ktier", "reasoning", "qos_diurnal"
 
 
 @dataclass(frozen=True)
+class CapacitySearch:
+    """The one capacity search of the default mix (Poisson, no burst): the FCFS baseline's — whose result is
+    the default scenario's `DEFAULT_BASELINE_CAPACITY_RPS` (`scripts/measure_default_capacity.py`) — and every
+    stack's in the study's capacity section. Runs as long as the default scenario (3,000 requests), doubled
+    while the verdict is undecided; bisection on [lo, hi] to ±rel_tol.
+
+    The FCFS capacity is bound by tier 0 (99% of TTFT ≤ 0.5 s), whose attainment is flat near 99% over a wide
+    range of rates (≈ 99.1% from 14.6 to 15.5 req/s): a miss or two more or less in a shorter run moves the
+    crossing by req/s, which is why a 1,000–2,000-request search gave 14.6 where a 3,000-request one gave
+    15.4. `goal_interval` states that uncertainty: the probed rates where the seed interval of every tier's
+    attainment lies clearly above / clearly below its goal."""
+
+    lo: float = 8.0
+    hi: float = 40.0
+    rel_tol: float = 0.05
+    run_length: tuple[int, int] = (3000, 12000)
+    seeds: tuple[int, ...] = (0, 1, 2)
+
+
+DEFAULT_MIX_SEARCH = CapacitySearch()
+
+
+@dataclass(frozen=True)
 class Study:
     seeds: tuple[int, ...] = (0, 1, 2)
     num_requests: int = 3000                     # default-scenario runs (the burst needs the full 3,000)
@@ -61,9 +86,9 @@ class Study:
     stacks: tuple[str, ...] = STACKS
     capacity_stacks: tuple[str, ...] = (FCFS, "vllm_priority+round_robin", "llumlet+llumnix_k_adaptive",
                                         "niyama+deadline_slack", TIERSERVE)
-    capacity_range: tuple[float, float] = (8.0, 40.0)
-    capacity_rel_tol: float = 0.05
-    capacity_run_length: tuple[int, int] = (1000, 2000)
+    capacity_range: tuple[float, float] = (DEFAULT_MIX_SEARCH.lo, DEFAULT_MIX_SEARCH.hi)
+    capacity_rel_tol: float = DEFAULT_MIX_SEARCH.rel_tol
+    capacity_run_length: tuple[int, int] = DEFAULT_MIX_SEARCH.run_length
     rhos: tuple[float, ...] = (0.5, 0.7, 0.9, 1.0, 1.1)
     steady_requests: int = 1500
     steady_stacks: tuple[str, ...] = (FCFS, "vllm_priority+round_robin", "niyama+deadline_slack", TIERSERVE)
@@ -83,6 +108,11 @@ class Study:
     sections: tuple[str, ...] = SECTIONS
     workers: int = 2
     quick: bool = False
+
+    def capacity_search(self) -> CapacitySearch:
+        """The study's capacity search of the default mix (`DEFAULT_MIX_SEARCH` unless quick)."""
+        lo, hi = self.capacity_range
+        return CapacitySearch(lo, hi, self.capacity_rel_tol, tuple(self.capacity_run_length), tuple(self.seeds))
 
     @classmethod
     def quick_study(cls) -> Study:
@@ -150,14 +180,47 @@ def reasoning_run(stack: str, num_requests: int, rate: float, seed: int) -> dict
     return run_numbers(run, table, deferred_per_tier(table))
 
 
+def default_mix_capacity(stack: str, search: CapacitySearch = DEFAULT_MIX_SEARCH,
+                         executor: str = "serial") -> StackCapacity:
+    """`stack`'s capacity on the default mix by the one search (`CapacitySearch`)."""
+    cfg = stack_config(with_requests_of(baseline_scenario(), search.run_length[0]), stack)
+    return scenario_capacity(cfg, search.lo, search.hi, search.seeds, search.rel_tol,
+                             run_length=RunLength(*search.run_length), executor=executor)
+
+
+def goal_interval(cap: StackCapacity) -> dict[str, Any]:
+    """The search's uncertainty from its own probes: at each probed rate, every tier's attainment per seed,
+    mean ± 95% (Student t) over the seeds; `passes` = the highest probed rate where every tier's lower bound
+    reaches its goal and most seeds are stable, `fails` = the lowest where some tier's upper bound is below
+    its goal or most seeds are unstable (None where no probe is that clear). The capacity lies between."""
+    probes = []
+    for rate in sorted(cap.runs):
+        rs = cap.runs[rate]
+        tiers = {}
+        clear_pass, clear_fail = True, False
+        for t in (x.name for x in rs[0].summary.per_tier):
+            goal = rs[0].summary.tiers[t].attainment_goal
+            iv = mean_ci95([r.summary.tiers[t].slo_attainment for r in rs])
+            tiers[t] = {"mean": iv.mean, "half_width": iv.half_width, "goal": goal}
+            if math.isfinite(goal):
+                hw = iv.half_width if math.isfinite(iv.half_width) else math.inf
+                clear_pass = clear_pass and iv.mean - hw >= goal
+                clear_fail = clear_fail or iv.mean + hw < goal
+        stable = sum(bool(r.stable) for r in rs) * 2 > len(rs)
+        probes.append({"rate": rate, "stable": stable, "tiers": tiers,
+                       "clear_pass": clear_pass and stable, "clear_fail": clear_fail or not stable})
+    passing = [p["rate"] for p in probes if p["clear_pass"]]
+    failing = [p["rate"] for p in probes if p["clear_fail"]]
+    return {"passes": max(passing) if passing else None, "fails": min(failing) if failing else None,
+            "probes": probes}
+
+
 def capacity_job(kind: str, stack: str, study: dict) -> dict[str, Any]:
     """Process-pool job: one stack's capacity on the default mix (kind "default") or the reasoning mix."""
     st = Study(**{k: tuple(v) if isinstance(v, list) else v for k, v in study.items()})
-    lo, hi = st.capacity_range
-    rl = RunLength(*st.capacity_run_length)
     if kind == "default":
-        cfg = stack_config(with_requests_of(baseline_scenario(), st.capacity_run_length[0]), stack)
-        cap = scenario_capacity(cfg, lo, hi, st.seeds, st.capacity_rel_tol, run_length=rl)
+        cap = default_mix_capacity(stack, st.capacity_search())
+        return {**cap.to_dict(), "stack_name": stack, "kind": kind, "goal_interval": goal_interval(cap)}
     else:
         from tierserve.experiments.uniboost_runs import PointRunner
         runner = PointRunner(stack.partition("+")[0], (), reasoning_setup(stack, st.reasoning_requests))
@@ -412,7 +475,11 @@ def report(res: dict[str, Any], study: Study) -> str:
           "Highest rate at which every tier meets its attainment goal and the queue is stable "
           f"(`scenario_capacity`, ±{study.capacity_rel_tol:.0%}, run lengths {study.capacity_run_length[0]}–"
           f"{study.capacity_run_length[1]} requests doubled while undecided); [capacity, lowest failing probe).", "",
-          "| stack | capacity (req/s) | × FCFS | stable-only (req/s) | per tier (req/s) |", "|---|---|---|---|---|"]
+          "Seed interval: the highest probed rate at which every tier's attainment, mean ± 95% over the seeds, "
+          "clearly meets its goal, and the lowest at which one clearly misses (or most seeds are unstable) — the "
+          "capacity's uncertainty, read off the search's own probes (– where no probe is that clear).", "",
+          "| stack | capacity (req/s) | × FCFS | seed interval (req/s) | stable-only (req/s) | per tier (req/s) |",
+          "|---|---|---|---|---|---|"]
     caps = {k.split(":", 1)[1]: v for k, v in res["capacity"].items() if k.startswith("default:")}
     base = caps.get(FCFS, {}).get("rate")
     for stack, c in caps.items():
@@ -420,9 +487,10 @@ def report(res: dict[str, Any], study: Study) -> str:
                  else "–")
         tiers = ", ".join(f"{t} {_cap(v)}" for t, v in c["tiers"].items())
         st = c["stable_rate"]
-        L.append(f"| {stack} | {_cap(c['stack'])} | {ratio} | "
-                 f"{st:.3g} | {tiers} |" if st is not None and math.isfinite(st) else
-                 f"| {stack} | {_cap(c['stack'])} | {ratio} | below lo | {tiers} |")
+        gi = c.get("goal_interval") or {}
+        clear = "[" + ", ".join("–" if gi.get(k) is None else f"{gi[k]:.3g}" for k in ("passes", "fails")) + "]"
+        stable = f"{st:.3g}" if st is not None and math.isfinite(st) else "below lo"
+        L.append(f"| {stack} | {_cap(c['stack'])} | {ratio} | {clear} | {stable} | {tiers} |")
     L += [""] + _capacity_verdict(caps)
     L += ["## Steady loads (Poisson, steady-state window)", ""] + _load_note(res, "steady")
     L += _tier_table(rows["steady"], ["stack", "rho"])

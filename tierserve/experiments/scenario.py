@@ -19,9 +19,13 @@ from tierserve.workload import Workload, WorkloadConfig, build_workload, default
 # The default scenario runs where tiers matter: ρ = 0.9 of the FCFS baseline's measured capacity, with a burst.
 DEFAULT_STACKS = ("vllm+round_robin", "vllm_priority+round_robin")   # FCFS baseline, then the tier-aware stack
 # Capacity of vllm + round_robin on the default cluster and the built-in Poisson workload (every tier meets its
-# SLO attainment goal and every tier's queue is stable; 3 seeds × 3,000 requests, ±2%), measured by
-# `python scripts/measure_default_capacity.py`; tier 0's 0.5 s TTFT target binds (stable-only: 34 req/s).
-DEFAULT_BASELINE_CAPACITY_RPS = 15.7
+# SLO attainment goal and the run is stable), by the one search of the default mix
+# (`experiments.contract.DEFAULT_MIX_SEARCH`: 3 seeds, 3,000-request runs doubled while undecided, ±5%), which
+# `tierserve reproduce contract` also runs: `python scripts/measure_default_capacity.py` gives 15.38 req/s,
+# bracket [15.38, 15.77); tier 0's 0.5 s TTFT target binds (stable-only: 31.9 req/s). Tier 0's attainment is
+# flat near its 99% goal over 12–18 req/s (99.1% ± 0.9 at 15.4 over the 3 seeds), so the crossing is uncertain
+# by far more than the bracket: no probed rate clearly passes, 26.7 req/s clearly fails.
+DEFAULT_BASELINE_CAPACITY_RPS = 15.4
 DEFAULT_RHO = 0.9
 DEFAULT_BURST = (3.0, 40.0, 20.0)      # rate factor, start (s), length (s)
 DEFAULT_NUM_REQUESTS = 3000

@@ -25,17 +25,24 @@ what a request meets on replica i is read off i's predictor:
   still finishes in time. Held requests are retried every `retry_period_s`; the cluster records every
   deferral in requests.csv (reason "deferred: …", dispatch_s after arrival_s).
 
+* re-dispatch (`redispatch`): every `retry_period_s`, a waiting request of an unprotected interactive tier
+  that holds no KV and has no first token yet (relegated or not), whose predicted first token on its replica
+  is past its TTFT deadline, moves to the replica where it comes soonest if it comes in time there — a
+  queued move (no KV to copy; `sim.migration`), at most one per source replica per tick. The dispatch-time
+  choice goes stale when a burst or a protected decode shrinks a replica's chunk; this corrects it.
+
 Ties: fewer outstanding requests, then the lower index. `headroom=False` (ablation) dispatches every request
 to the replica with the fewest outstanding requests; `defer=False` never holds.
 """
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Sequence
 from typing import Any
 
 from tierserve.core import ConfigError, RequestState
-from tierserve.policies.cluster.base import ClusterPolicy, InstanceView
+from tierserve.policies.cluster.base import ClusterPolicy, InstanceView, Move
 from tierserve.policies.local.deadlines import prefill_deadline
 from tierserve.policies.local.tierserve import (
     DEFAULT_MIN_CHUNK_TOKENS, DEFAULT_PROTECTED_TIERS, DEFAULT_TBT_MARGIN, check_count, check_flag,
@@ -45,6 +52,8 @@ from tierserve.policies.local.tierserve import (
 DEFAULT_DEFER_BACKLOG_S = 0.5     # interactive prefill backlog (s) above which every replica counts as bursting
 DEFAULT_RELEASE_FRACTION = 0.5    # a held request is released once half its TTLT has passed
 DEFAULT_RETRY_PERIOD_S = 0.05     # how often held requests are retried
+DEFAULT_REDISPATCH = False        # move waiting KV-less unprotected requests to a replica where they make TTFT
+DEFAULT_REDISPATCH_GAIN_S = math.inf   # also move one whose first token comes this much sooner elsewhere
 DEFAULT_GATHER_FRACTION = 0.0     # > 0: a protected request joins an already-throttled replica if its first
                                   # is predicted within this fraction of its TTFT there
 
@@ -54,7 +63,7 @@ class ReplicaOutlook:
     replica policy would run, the iteration's predicted time, and its queued prefill work in service order."""
 
     __slots__ = ("decodes", "context", "tbt_s", "protected_decodes", "chunk", "iteration_s", "queued",
-                 "outstanding", "predictor", "key")
+                 "outstanding", "predictor", "key", "_sorted", "_prefix")
 
     def __init__(self, inst: InstanceView, predictor: Any, token_budget: int, margin: float,
                  min_chunk: int, protected_tiers: int, key: ServiceOrder) -> None:
@@ -83,6 +92,8 @@ class ReplicaOutlook:
             tbt * margin, decodes, context, 0, lo=min(min_chunk, room), hi=room), 1)
         c = self.chunk
         self.iteration_s = predictor.iteration_time(c, c * c * 0.5, decodes, context)
+        self._sorted: list[tuple] | None = None     # queued service keys in order, and prefix sums of tokens
+        self._prefix: list[int] = []
 
     def wait_s(self, tokens: int) -> float:
         """Predicted seconds to run `tokens` prefill tokens at this replica's chunk and iteration time."""
@@ -96,6 +107,29 @@ class ReplicaOutlook:
                 ahead += tokens
         return self.wait_s(ahead + state.num_tokens - state.num_computed_tokens)
 
+    def first_token_by_order_s(self, state: RequestState) -> float:
+        """`first_token_s` by bisection on the queue sorted once (for many reads of one outlook)."""
+        if self._sorted is None:
+            entries = sorted((k, tokens) for k, tokens, _ in self.queued)
+            self._sorted = [k for k, _ in entries]
+            self._prefix = [0]
+            for _, tokens in entries:
+                self._prefix.append(self._prefix[-1] + tokens)
+        ahead = self._prefix[bisect_left(self._sorted, self.key(state))]
+        return self.wait_s(ahead + state.num_tokens - state.num_computed_tokens)
+
+    def move_in(self, state: RequestState) -> None:
+        """Count `state` as queued here (a re-dispatch moved it in)."""
+        self.queued.append((self.key(state), state.num_tokens - state.num_computed_tokens, state.slo.interactive))
+        self.outstanding += 1
+        self._sorted = None
+
+    def move_out(self, state: RequestState) -> None:
+        key = self.key(state)
+        self.queued = [q for q in self.queued if q[0] != key]
+        self.outstanding -= 1
+        self._sorted = None
+
     def interactive_backlog_s(self) -> float:
         return self.wait_s(sum(tokens for _, tokens, interactive in self.queued if interactive))
 
@@ -106,6 +140,8 @@ class TierServeDispatch(ClusterPolicy):
     protected_tiers — tiers < this are placed by TBT head-room first;
     tbt_margin, min_chunk_tokens, token_budget — the replica policy's budget rule, as it runs there;
     headroom — False: fewest outstanding requests instead (ablation);
+    redispatch — move a waiting, KV-less request of an unprotected interactive tier predicted to miss its TTFT
+      on its replica to one where it is predicted to make it (module docstring), every retry_period_s;
     defer — hold deferrable requests in the global queue during a burst; defer_tiers: which tiers (None: the
       tiers whose SLO has no TTFT/TBT target); defer_backlog_s: the interactive backlog (s) on every replica
       that counts as a burst; release_fraction: fraction of a held request's TTLT after which it is released
@@ -118,7 +154,8 @@ class TierServeDispatch(ClusterPolicy):
 
     def __init__(self, protected_tiers: int = DEFAULT_PROTECTED_TIERS, tbt_margin: float = DEFAULT_TBT_MARGIN,
                  min_chunk_tokens: int = DEFAULT_MIN_CHUNK_TOKENS, token_budget: int = 2048,
-                 headroom: bool = True, defer: bool = True, defer_tiers: Sequence[int] | None = None,
+                 headroom: bool = True, defer: bool = True, redispatch: bool = DEFAULT_REDISPATCH,
+                 redispatch_gain_s: float = DEFAULT_REDISPATCH_GAIN_S, defer_tiers: Sequence[int] | None = None,
                  defer_backlog_s: float = DEFAULT_DEFER_BACKLOG_S,
                  release_fraction: float = DEFAULT_RELEASE_FRACTION,
                  retry_period_s: float = DEFAULT_RETRY_PERIOD_S, gather_fraction: float = DEFAULT_GATHER_FRACTION,
@@ -129,6 +166,12 @@ class TierServeDispatch(ClusterPolicy):
         self.token_budget = check_count("token_budget", token_budget, 1)
         self.headroom = check_flag("headroom", headroom)
         self.defer = check_flag("defer", defer)
+        self.redispatch = check_flag("redispatch", redispatch)
+        if isinstance(redispatch_gain_s, bool) or not isinstance(redispatch_gain_s, (int, float)) or not (
+                redispatch_gain_s >= 0):
+            raise ConfigError("redispatch_gain_s", redispatch_gain_s, "a number of seconds >= 0 (inf: only late ones)")
+        self.redispatch_gain_s = float(redispatch_gain_s)
+        self.migrates = self.redispatch      # the simulator runs the moves `rebalance` returns (queued moves)
         if defer_tiers is not None and (isinstance(defer_tiers, (str, bytes)) or not isinstance(defer_tiers, Sequence)
                                         or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
                                                    for t in defer_tiers)):
@@ -150,8 +193,8 @@ class TierServeDispatch(ClusterPolicy):
         if isinstance(retry_period_s, bool) or not isinstance(retry_period_s, (int, float)) or not (
                 math.isfinite(retry_period_s) and retry_period_s > 0):
             raise ConfigError("retry_period_s", retry_period_s, "a positive finite number of seconds")
-        # The cluster retries held requests at every rebalance tick; with no deferral none is needed.
-        self.rebalance_period_s = float(retry_period_s) if defer else None
+        # The cluster retries held requests (and asks for re-dispatches) at every rebalance tick.
+        self.rebalance_period_s = float(retry_period_s) if defer or redispatch else None
         if predictor is not None and not callable(getattr(predictor, "max_prefill_tokens_within", None)):
             raise ConfigError("predictor", predictor, "an execution-time model with max_prefill_tokens_within(...)")
         self.predictor = predictor
@@ -212,6 +255,38 @@ class TierServeDispatch(ClusterPolicy):
                 if gathered:
                     return min(gathered, key=lambda i: (-views[i].protected_decodes, first[i], i))
         return min(candidates, key=lambda i: (first[i], views[i].outstanding, i))
+
+    def rebalance(self, instances: Sequence[InstanceView], now: float) -> list[Move]:
+        """Re-dispatch (module docstring): at most one queued move per source replica."""
+        if not self.redispatch:
+            return []
+        protected = self.protected_tiers
+        views: list[ReplicaOutlook] | None = None
+        moves: list[Move] = []
+        for i, inst in enumerate(instances):
+            movable = [r for r in inst.waiting if r.tier >= protected and r.num_blocks == 0 and r.num_generated == 0
+                       and r.slo.ttft_s is not None]
+            if not movable:
+                continue
+            if views is None:
+                views = self.outlooks(instances)
+            here = views[i]
+            gain = self.redispatch_gain_s
+            for r in sorted(movable, key=self.key):
+                deadline = r.arrival_s + r.slo.ttft_s
+                if now + here.first_token_by_order_s(r) <= deadline and gain == math.inf:
+                    continue
+                others = [(views[j].first_token_by_order_s(r), views[j].outstanding, j)
+                          for j in range(len(views)) if j != i]
+                if not others:
+                    break
+                first, _, j = min(others)
+                if now + first <= deadline or first + self.redispatch_gain_s <= here.first_token_by_order_s(r):
+                    moves.append(Move(r, i, j))
+                    here.move_out(r)
+                    views[j].move_in(r)
+                    break
+        return moves
 
     def bursting(self, views: Sequence[ReplicaOutlook]) -> bool:
         """Every replica's interactive backlog exceeds `defer_backlog_s`."""
