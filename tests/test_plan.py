@@ -6,9 +6,8 @@ import json
 import pytest
 
 from tierserve.core import ConfigError
-from tierserve.experiments.plan import (
-    Fleet, PlanMix, burst_job, overflow_rules, plan_fleet, probe_fleet,
-)
+from tierserve.experiments.plan import Fleet, PlanMix, probe_fleet
+from tierserve.experiments.plan_whatif import burst_job, overflow_rules, plan_fleet
 from tierserve.experiments.plan_output import vllm_args, write_plan
 
 SLOS = [{"ttft_s": 0.5, "tbt_s": 0.05, "attainment": 0.99}, {"ttft_s": 1.5, "tbt_s": 0.1, "attainment": 0.95},

@@ -50,7 +50,8 @@ def register(app: typer.Typer) -> None:
         print the ranked alternatives, the cost/attainment Pareto table, a burst what-if, the pool-per-class plan
         beside the shared one, each tier's overflow rule, and per row its reproduction and vLLM launch."""
         from tierserve.core.files import check_out_dir
-        from tierserve.experiments.plan import PlanMix, plan_fleet
+        from tierserve.experiments.plan import PlanMix
+        from tierserve.experiments.plan_whatif import plan_fleet
         from tierserve.experiments.plan_output import verify_plan, write_plan
         console = Console(width=max(Console().width, 200))
         data: dict[str, Any] = (PlanMix.from_yaml(mix) if mix else PlanMix()).model_dump(mode="json")
@@ -119,11 +120,13 @@ def print_plan(console: Console, plan: Any, plan_path: Path) -> None:
         for name in tiers:
             cells.append(_pct(p.attainment[name]))
             h = head.get(name)
-            cells.append("–" if h is None or math.isnan(h) else (f"≥ +{h:.0%}" if h >= 3.0 else f"+{h:.0%}"))
+            top = head.get("search_top", 3.0)
+            cells.append("–" if h is None or math.isnan(h) else (f"≥ +{h:.0%}" if h >= top - 1e-9 else f"+{h:.0%}"))
         t.add_row(str(i), f"{p.fleet.replicas}× {p.fleet.gpu} TP{p.fleet.tp} {p.fleet.stack}", str(p.fleet.gpus),
                   f"{p.cost_usd_h:.2f}", *cells, f"{p.stable_seeds}/{p.seeds_run}")
     t.caption = ("attainment pooled over the seeds in steady state; head-room (the 3 cheapest rows): extra load (whole mix "
-                 "scaled) the tier absorbs before it misses its goal, from a capacity search over \\[rate, 4 × rate] (±5%)")
+                 "scaled) the tier absorbs before it misses its goal, from a capacity search (±5%) over \\[rate, rate × "
+                 "r/(r − 1) × 1.1] when one replica fewer fails, else \\[rate, 4 × rate]; ≥: passed at the top")
     console.print(t)
     rows = json.loads(plan_path.read_text(encoding="utf-8"))["rows"]
     for row in rows:
