@@ -39,8 +39,8 @@ def register(app: typer.Typer) -> None:
                                                                          "`tierserve calibrate --out`) for that GPU."),
         seeds: Optional[int] = typer.Option(None, min=1, help="Seeds per probe (default: the mix's, 3)."),
         top: int = typer.Option(5, min=1, help="How many ranked alternatives to print."),
-        verify: bool = typer.Option(False, "--verify", help="Simulate the plan and its next-cheaper neighbour at new "
-                                                            "seeds (100-102): the plan must meet every tier."),
+        verify: bool = typer.Option(True, "--verify/--no-verify", help="Simulate the plan and its next-cheaper "
+                                    "neighbour at new seeds (100-102): the plan must meet every tier, the neighbour miss one."),
         executor: str = typer.Option("process", help="process | serial | ray."),
         workers: Optional[int] = typer.Option(None, min=1, help="Process-pool size."),
         out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for plan.json and one scenario per row "
@@ -71,9 +71,13 @@ def register(app: typer.Typer) -> None:
         result = plan_fleet(the_mix, executor=executor, workers=workers, top=top)
         paths = write_plan(result, folder)
         print_plan(console, result, paths["plan"])
+        checked = ""
         if verify and result.chosen is not None:
+            import time
+            t0 = time.perf_counter()
             print_verification(console, verify_plan(result, executor=executor, workers=workers))
-        console.print(f"planned in {result.wall_s:.0f} s; wrote {paths['plan']} and {paths['rows']}/ "
+            checked = f", checked in {time.perf_counter() - t0:.0f} s"
+        console.print(f"planned in {result.wall_s:.0f} s{checked}; wrote {paths['plan']} and {paths['rows']}/ "
                       f"(`tierserve report {folder}` draws it)")
 
 
@@ -202,3 +206,7 @@ def print_verification(console: Console, checks: list[Any]) -> None:
                   *[f"{_pct(p.attainment[x])} / {p.goals[x]:.0%}" for x in tiers], f"{p.stable_seeds}/{p.seeds_run}",
                   "[green]yes[/]" if p.passes else "[red]no[/]")
     console.print(t)
+    from tierserve.experiments.plan_output import check_outcome
+    ok, line = check_outcome(checks)
+    console.print(("[bold green]plan check passed[/]: " if ok else "[bold red]plan check failed[/]: ") + line,
+                  highlight=False)
