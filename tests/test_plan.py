@@ -6,9 +6,8 @@ import json
 import pytest
 
 from tierserve.core import ConfigError
-from tierserve.experiments.plan import (
-    Fleet, PlanMix, burst_job, overflow_rules, plan_fleet, probe_fleet,
-)
+from tierserve.experiments.plan import Fleet, PlanMix, probe_fleet
+from tierserve.experiments.plan_whatif import burst_job, overflow_rules, plan_fleet
 from tierserve.experiments.plan_output import vllm_args, write_plan
 
 SLOS = [{"ttft_s": 0.5, "tbt_s": 0.05, "attainment": 0.99}, {"ttft_s": 1.5, "tbt_s": 0.1, "attainment": 0.95},
@@ -86,3 +85,16 @@ def test_bad_mix_names_the_field(over, field):
     with pytest.raises(ConfigError, match=field):
         mix = small_mix(**over)
         plan_fleet(mix, executor="serial", progress=False, extras=False)
+
+
+def test_the_plan_check_holds_at_new_seeds(plan):
+    from tierserve.experiments.plan_output import check_outcome, next_cheaper, verify_plan
+    checks = verify_plan(plan, seeds=(100, 101), executor="serial")
+    assert [c.role for c in checks] == ["plan", "next-cheaper neighbour"]
+    assert checks[1].probe.fleet == next_cheaper(plan)
+    assert all(c.probe.seeds_run == 2 for c in checks)           # every seed run, no early stop
+    ok, line = check_outcome(checks)
+    assert checks[0].probe.passes and not checks[1].probe.passes and ok, line
+    assert "misses" in line
+    fake = [checks[0], type(checks[1])("next-cheaper neighbour", checks[0].probe)]   # a neighbour that passes
+    assert check_outcome(fake)[0] is False

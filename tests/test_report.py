@@ -27,7 +27,8 @@ def _run(path, stack: str, n: int = 300):
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    from tierserve.experiments.plan import PlanMix, plan_fleet
+    from tierserve.experiments.plan import PlanMix
+    from tierserve.experiments.plan_whatif import plan_fleet
     from tierserve.experiments.plan_output import write_plan
     from tierserve.experiments.sweep import Sweep, run_sweep
     root = tmp_path_factory.mktemp("reports")

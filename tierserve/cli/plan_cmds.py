@@ -39,8 +39,8 @@ def register(app: typer.Typer) -> None:
                                                                          "`tierserve calibrate --out`) for that GPU."),
         seeds: Optional[int] = typer.Option(None, min=1, help="Seeds per probe (default: the mix's, 3)."),
         top: int = typer.Option(5, min=1, help="How many ranked alternatives to print."),
-        verify: bool = typer.Option(False, "--verify", help="Simulate the plan and its next-cheaper neighbour at new "
-                                                            "seeds (100-102): the plan must meet every tier."),
+        verify: bool = typer.Option(True, "--verify/--no-verify", help="Simulate the plan and its next-cheaper "
+                                    "neighbour at new seeds (100-102): the plan must meet every tier, the neighbour miss one."),
         executor: str = typer.Option("process", help="process | serial | ray."),
         workers: Optional[int] = typer.Option(None, min=1, help="Process-pool size."),
         out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for plan.json and one scenario per row "
@@ -50,7 +50,8 @@ def register(app: typer.Typer) -> None:
         print the ranked alternatives, the cost/attainment Pareto table, a burst what-if, the pool-per-class plan
         beside the shared one, each tier's overflow rule, and per row its reproduction and vLLM launch."""
         from tierserve.core.files import check_out_dir
-        from tierserve.experiments.plan import PlanMix, plan_fleet
+        from tierserve.experiments.plan import PlanMix
+        from tierserve.experiments.plan_whatif import plan_fleet
         from tierserve.experiments.plan_output import verify_plan, write_plan
         console = Console(width=max(Console().width, 200))
         data: dict[str, Any] = (PlanMix.from_yaml(mix) if mix else PlanMix()).model_dump(mode="json")
@@ -70,9 +71,13 @@ def register(app: typer.Typer) -> None:
         result = plan_fleet(the_mix, executor=executor, workers=workers, top=top)
         paths = write_plan(result, folder)
         print_plan(console, result, paths["plan"])
+        checked = ""
         if verify and result.chosen is not None:
+            import time
+            t0 = time.perf_counter()
             print_verification(console, verify_plan(result, executor=executor, workers=workers))
-        console.print(f"planned in {result.wall_s:.0f} s; wrote {paths['plan']} and {paths['rows']}/ "
+            checked = f", checked in {time.perf_counter() - t0:.0f} s"
+        console.print(f"planned in {result.wall_s:.0f} s{checked}; wrote {paths['plan']} and {paths['rows']}/ "
                       f"(`tierserve report {folder}` draws it)")
 
 
@@ -119,11 +124,13 @@ def print_plan(console: Console, plan: Any, plan_path: Path) -> None:
         for name in tiers:
             cells.append(_pct(p.attainment[name]))
             h = head.get(name)
-            cells.append("–" if h is None or math.isnan(h) else (f"≥ +{h:.0%}" if h >= 3.0 else f"+{h:.0%}"))
+            top = head.get("search_top", 3.0)
+            cells.append("–" if h is None or math.isnan(h) else (f"≥ +{h:.0%}" if h >= top - 1e-9 else f"+{h:.0%}"))
         t.add_row(str(i), f"{p.fleet.replicas}× {p.fleet.gpu} TP{p.fleet.tp} {p.fleet.stack}", str(p.fleet.gpus),
                   f"{p.cost_usd_h:.2f}", *cells, f"{p.stable_seeds}/{p.seeds_run}")
     t.caption = ("attainment pooled over the seeds in steady state; head-room (the 3 cheapest rows): extra load (whole mix "
-                 "scaled) the tier absorbs before it misses its goal, from a capacity search over \\[rate, 4 × rate] (±5%)")
+                 "scaled) the tier absorbs before it misses its goal, from a capacity search (±5%) over \\[rate, rate × "
+                 "r/(r − 1) × 1.1] when one replica fewer fails, else \\[rate, 4 × rate]; ≥: passed at the top")
     console.print(t)
     rows = json.loads(plan_path.read_text(encoding="utf-8"))["rows"]
     for row in rows:
@@ -199,3 +206,7 @@ def print_verification(console: Console, checks: list[Any]) -> None:
                   *[f"{_pct(p.attainment[x])} / {p.goals[x]:.0%}" for x in tiers], f"{p.stable_seeds}/{p.seeds_run}",
                   "[green]yes[/]" if p.passes else "[red]no[/]")
     console.print(t)
+    from tierserve.experiments.plan_output import check_outcome
+    ok, line = check_outcome(checks)
+    console.print(("[bold green]plan check passed[/]: " if ok else "[bold red]plan check failed[/]: ") + line,
+                  highlight=False)

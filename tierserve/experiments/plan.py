@@ -4,16 +4,20 @@ pool-per-class comparison. Every figure comes from simulations judged as `tierse
 judges them (pooled attainment over seeds ≥ the tier's goal, and a stable work verdict in most seeds; a run
 whose verdict is undecided is lengthened, up to 4 × the mix's requests, by `capacity.judged_run`).
 
-Search, per (GPU, TP, stack): the fewest replicas that pass at the mix's rate — replicas doubled from 1 until a
-count passes, then bisection between the last failing and the first passing count (passing is taken as
-monotone in replicas). Pruning: a probe stops after its first seed when that seed clearly misses (a tier more
-than `clear_miss` below its goal, or an unstable queue), and a configuration stops growing once its cost
-exceeds the N-th cheapest plan found so far. A model that does not fit the GPU at that TP is skipped, with the
-reason. Daily curves are planned for their busiest hour.
+Search, per (GPU, TP, stack) (`search_config`): the fewest replicas that pass at the mix's rate. One replica's
+capacity is measured first (`plan_probe.replica_capacity`); counts whose total capacity is clearly below the
+rate are taken as failing unprobed, the search starts at rate / capacity, grows ×1.5 until a count passes, then
+bisects between the largest failing and the smallest passing count (passing is taken as monotone in
+replicas); the count one below the answer is always probed. Pruning: a probe's first seed runs under a watch
+that stops the simulation once a tier has certainly missed by more than `clear_miss` (`plan_probe.MissWatch`),
+and a probe stops after its first seed when that seed clearly misses (a tier more than `clear_miss` below its
+goal, or an unstable queue); a configuration stops growing once its cost exceeds the N-th cheapest plan found
+so far. A model that does not fit the GPU at that TP is skipped, with the reason. Daily curves are planned for
+their busiest hour. The what-ifs (head-room, bursts, overflow, pool per class) are in `plan_whatif`.
 
 API:
     PlanMix.from_yaml(path) / PlanMix() (the default mix)
-    plan_fleet(mix, executor="process", workers=None, top=5) -> Plan
+    plan_whatif.plan_fleet(mix, executor="process", workers=None, top=5) -> Plan
     plan_output.verify_plan(plan, seeds=(100, 101, 102))   # the plan and its next-cheaper neighbour
     plan_output.write_plan(plan, outdir)                  # plan.json + one scenario YAML per row
 """
@@ -22,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +177,9 @@ class Probe:
     stable_seeds: int
     seeds_run: int
     clear_miss: bool = False
+    stopped: str = ""                 # why the watch stopped the first seed's run (plan_probe.MissWatch)
+    wall_s: float = 0.0
+    runs: dict[tuple[float, int, int], Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def worst_margin(self) -> float:
@@ -217,20 +224,51 @@ def judge_fleet(runs: Sequence[Any], goals: Mapping[str, float]) -> tuple[bool, 
     return meets and majority([r.stable for r in runs]), att
 
 
+@dataclass
+class RecordingRunner:
+    """A run maker (`make_run(rate, seed, num_requests)`) that keeps every run it made, so later capacity
+    searches at the same rate, seed and length reuse them (`plan_whatif.headroom_job`)."""
+
+    make: Any
+    runs: dict[tuple[float, int, int], Any] = field(default_factory=dict)
+
+    def __call__(self, rate: float, seed: int, num_requests: int | None = None) -> Any:
+        key = (float(rate), int(seed), int(num_requests or 0))
+        if key not in self.runs:
+            self.runs[key] = self.make(rate, seed, num_requests)
+        return self.runs[key]
+
+
 def probe_fleet(mix: PlanMix, fleet: Fleet, seeds: Sequence[int], clear_miss: float | None = None,
-                rate: float | None = None, tier_only: int | None = None) -> Probe:
-    """Run the fleet over `seeds` (stopping after the first on a clear miss) and judge it."""
+                rate: float | None = None, tier_only: int | None = None, keep_runs: bool = False) -> Probe:
+    """Run the fleet over `seeds` and judge it. With `clear_miss` (and more than one seed), the first seed
+    runs under a `plan_probe.MissWatch` that stops the simulation once a tier has certainly missed by more
+    than `clear_miss`, and the other seeds are not run after a clear miss. `keep_runs`: the probe keeps its
+    runs by (rate, seed, length) for reuse."""
+    import time
+
     from tierserve.experiments.capacity import RunLength, ScenarioRunner, judged_run
+    from tierserve.experiments.plan_probe import ClearMiss, WatchedRunner
+    t0 = time.perf_counter()
     cfg = scenario_for(mix, fleet, rate, tier_only)
-    runner = ScenarioRunner(cfg)
+    watching = clear_miss is not None and len(seeds) > 1
+    plain = RecordingRunner(ScenarioRunner(cfg))
     rate_rps = cfg.workload.arrivals.rate
     n = int(cfg.workload.num_requests or 0)
     lengths = RunLength(n, RUN_LENGTH_GROWTH * n)      # lengthened while the verdict is undecided (capacity.py)
     runs: list[Any] = []
     clear = False
+    cost = fleet.gpus * mix.price(fleet.gpu)
     for i, seed in enumerate(seeds):
-        runs.append(judged_run(runner, rate_rps, int(seed), lengths))
-        if i == 0 and clear_miss is not None and len(seeds) > 1:
+        runner = RecordingRunner(WatchedRunner(cfg, clear_miss), plain.runs) if watching and i == 0 else plain
+        try:
+            runs.append(judged_run(runner, rate_rps, int(seed), lengths))
+        except ClearMiss as e:              # the first seed already misses a tier by more than clear_miss
+            names = [t.name for t in cfg.workload.tiers.tier_set()]
+            goals = {t.name: t.slo.attainment for t in cfg.workload.tiers.tier_set()}
+            return Probe(fleet, cost, False, {t: math.nan for t in names}, goals, 0, 1, True,
+                         f"stopped at t = {e.at_s:.0f} s: {e}", time.perf_counter() - t0)
+        if i == 0 and watching:
             goals = tier_goals(runs)
             _, att = judge_fleet(runs, goals)
             if not runs[0].stable or any(not math.isnan(a) and a < goals[t] - clear_miss for t, a in att.items()):
@@ -238,8 +276,8 @@ def probe_fleet(mix: PlanMix, fleet: Fleet, seeds: Sequence[int], clear_miss: fl
                 break
     goals = tier_goals(runs)
     ok, att = judge_fleet(runs, goals)
-    cost = fleet.gpus * mix.price(fleet.gpu)
-    return Probe(fleet, cost, ok and not clear, att, goals, sum(r.stable for r in runs), len(runs), clear)
+    return Probe(fleet, cost, ok and not clear, att, goals, sum(r.stable for r in runs), len(runs), clear,
+                 wall_s=time.perf_counter() - t0, runs=plain.runs if keep_runs else None)
 
 
 @dataclass
@@ -253,11 +291,21 @@ class ConfigSearch:
     probes: list[Probe] = field(default_factory=list)
     best: Probe | None = None
     skipped: str | None = None
+    replica_capacity_rps: float = math.nan    # plan_probe.replica_capacity of one replica
+    bound: int = 0                            # replica counts up to this are taken as failing unprobed
+    wall_s: float = 0.0
 
 
 def search_config(mix: dict[str, Any], gpu: str, tp: int, stack: str, cost_cutoff: float = math.inf,
                   tier_only: int | None = None, rate: float | None = None) -> ConfigSearch:
-    """Process-pool worker: the fewest replicas of (gpu, tp, stack) that pass (doubling, then bisection)."""
+    """Process-pool worker: the fewest replicas of (gpu, tp, stack) that pass. The search starts above the
+    lower bound from one replica's measured capacity (`plan_probe`), grows ×1.5 until a count passes, then
+    bisects between the largest failing and the smallest passing count; the count one below the answer is
+    always probed (so the bound never decides the answer alone)."""
+    import time
+
+    from tierserve.experiments.plan_probe import replica_capacity, replica_lower_bound
+    t0 = time.perf_counter()
     m = PlanMix.model_validate(mix)
     s = m.search
     out = ConfigSearch(gpu, tp, stack)
@@ -265,33 +313,52 @@ def search_config(mix: dict[str, Any], gpu: str, tp: int, stack: str, cost_cutof
 
     def probe(r: int) -> Probe:
         if r not in by_r:
-            by_r[r] = probe_fleet(m, Fleet(gpu, tp, stack, r), s.seeds, s.clear_miss, rate, tier_only)
+            by_r[r] = probe_fleet(m, Fleet(gpu, tp, stack, r), s.seeds, s.clear_miss, rate, tier_only,
+                                  keep_runs=True)
             out.probes.append(by_r[r])
         return by_r[r]
 
     try:
-        lo, r = 0, 1                                  # lo: the largest count known to fail
+        one = scenario_for(m, Fleet(gpu, tp, stack, 1), rate, tier_only)
+        out.replica_capacity_rps = cap = replica_capacity(one, int(s.seeds[0]))
+        lo = out.bound = min(replica_lower_bound(one.workload.arrivals.rate, cap), s.max_replicas - 1)
+        r = max(lo + 1, min(s.max_replicas, math.ceil(one.workload.arrivals.rate / cap))
+                if math.isfinite(cap) else 1)
         while True:
             if r * tp * m.price(gpu) > cost_cutoff:
                 out.skipped = f"over the cost cut-off ${cost_cutoff:.2f}/h at {r} replicas"
-                return out
+                return _done(out, by_r, t0)
             if probe(r).passes:
                 break
             lo = r
             if r >= s.max_replicas:
                 out.skipped = f"misses a tier even at {r} replicas (max_replicas)"
-                return out
-            r = min(2 * r, s.max_replicas)
+                return _done(out, by_r, t0)
+            r = min(max(r + 1, math.ceil(1.5 * r)), s.max_replicas)
         hi = r
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if probe(mid).passes:
-                hi = mid
-            else:
-                lo = mid
+        while True:
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if probe(mid).passes:
+                    hi = mid
+                else:
+                    lo = mid
+            if hi == 1 or hi - 1 in by_r or not probe(hi - 1).passes:
+                break
+            hi, lo = hi - 1, 0                    # the bound was wrong here: search below it
         out.best = by_r[hi]
     except TierserveError as e:                       # e.g. the model does not fit this GPU at this TP
         out.skipped = f"cannot run: {e}"
+    return _done(out, by_r, t0)
+
+
+def _done(out: ConfigSearch, by_r: dict[int, Probe], t0: float) -> ConfigSearch:
+    """Only the chosen probe keeps its runs (for head-room); the search's wall time."""
+    import time
+    for p in by_r.values():
+        if p is not out.best:
+            p.runs = None
+    out.wall_s = time.perf_counter() - t0
     return out
 
 
@@ -346,10 +413,10 @@ def usable_stacks(stacks: Sequence[str]) -> tuple[list[str], list[str]]:
     return ok, missing
 
 
-def plan_fleet(mix: PlanMix, executor: str = "process", workers: int | None = None, top: int = 5,
-               progress: bool = True, extras: bool = True) -> Plan:
-    """Search every configuration, rank the cheapest passing fleets, and (with `extras`) add head-room, the
-    burst what-if, overflow rules, the pool-per-class plan and, for a daily curve, replicas per hour."""
+def search_plan(mix: PlanMix, executor: str = "process", workers: int | None = None, top: int = 5,
+                progress: bool = True) -> Plan:
+    """Search every configuration and rank the cheapest passing fleets (`plan_whatif.plan_fleet` adds the
+    what-ifs)."""
     import time
 
     from tierserve.experiments.runs import run_many
@@ -371,174 +438,5 @@ def plan_fleet(mix: PlanMix, executor: str = "process", workers: int | None = No
         cutoff = costs[top - 1] if len(costs) >= top else math.inf
     ranked = sorted((s.best for s in searches if s.best is not None), key=lambda p: (p.cost_usd_h, -p.worst_margin))
     plan = Plan(mix, searches, ranked[:max(top, 1)] if ranked else [])
-    if extras and plan.chosen is not None:
-        add_extras(plan, executor, workers, progress)
     plan.wall_s = time.perf_counter() - t0
     return plan
-
-
-def add_extras(plan: Plan, executor: str, workers: int | None, progress: bool) -> None:
-    from tierserve.experiments.runs import run_many
-    mix, chosen = plan.mix, plan.chosen
-    assert chosen is not None
-    data = mix.model_dump(mode="json")
-    tiers = list(chosen.goals)
-    jobs: list[dict[str, Any]] = []
-    f = chosen.fleet
-    for k in range(len(tiers)):     # each tier in a pool of its own, on the chosen GPU, TP and stack
-        jobs.append({"mix": data, "gpu": f.gpu, "tp": f.tp, "stack": f.stack, "tier_only": k})
-    fleets = [asdict(p.fleet) for p in plan.ranked[:HEADROOM_ROWS]]
-    jobs_h = [{"mix": data, "fleet": f} for f in fleets]
-    pool = run_many(search_config, jobs, executor=executor, workers=workers, progress=progress,
-                    description="plan: a pool per class")
-    for k, t in enumerate(tiers):
-        mine = [s for s, j in zip(pool, jobs) if j["tier_only"] == k and s.best is not None]
-        plan.pool_per_class.append((t, min(mine, key=lambda s: s.best.cost_usd_h) if mine else None))  # type: ignore[union-attr]
-    heads = run_many(headroom_job, jobs_h, executor=executor, workers=workers, progress=progress,
-                     description="plan: head-room")
-    plan.headroom = {Fleet(**f).label(): h for f, h in zip(fleets, heads)}
-    factors = sorted({mix.burst.factor, *mix.burst.overflow_factors})
-    bursts = run_many(burst_job, [{"mix": data, "fleet": asdict(chosen.fleet), "factor": f} for f in factors],
-                      executor=executor, workers=workers, progress=progress, description="plan: bursts")
-    by_factor = dict(zip(factors, bursts))
-    plan.burst = by_factor[mix.burst.factor]
-    plan.overflow = overflow_rules(by_factor, chosen.goals, mix.burst.length_s)
-    if mix.daily_rates:
-        plan.hourly = hourly_replicas(mix, chosen.fleet)
-
-
-def headroom_job(mix: dict[str, Any], fleet: dict[str, Any]) -> dict[str, float]:
-    """Extra load (fraction of the mix's rate, whole mix scaled) each tier absorbs before it misses, at this
-    fleet: each tier's capacity from `find_capacity` over [rate, 4 × rate] (±5%), divided by the rate, − 1."""
-    from tierserve.experiments.capacity import RunLength, scenario_capacity
-    m = PlanMix.model_validate(mix)
-    cfg = scenario_for(m, Fleet(**fleet))
-    rate = m.peak_rate
-    n = int(cfg.workload.num_requests or 0)
-    cap = scenario_capacity(cfg, rate, 4 * rate, m.search.seeds, 0.05,
-                            run_length=RunLength(n, RUN_LENGTH_GROWTH * n))
-    out = {}
-    for t, c in cap.tiers.items():
-        if t == "all":
-            continue
-        out[t] = (math.nan if not c.feasible else (3.0 if c.saturated else c.rate / rate - 1.0))
-    return out
-
-
-def _burst_workload(mix: PlanMix, factor: float) -> WorkloadConfig:
-    b = mix.burst
-    rate = mix.peak_rate
-    wl = mix.workload_config(rate)
-    n = int(math.ceil(rate * (b.start_s + factor * b.length_s + b.after_s)))
-    data = wl.model_dump(mode="json")
-    data["num_requests"] = n
-    data["arrivals"] = {"kind": "piecewise", "rates": [rate, factor * rate, rate],
-                        "durations_s": [b.start_s, b.length_s, 1e6]}
-    return WorkloadConfig.model_validate(data)
-
-
-def burst_job(mix: dict[str, Any], fleet: dict[str, Any], factor: float) -> dict[str, Any]:
-    """The fleet under rate × factor for the burst window, over the search seeds: per tier and arrival-time bin,
-    pooled attainment; the first bin (from the burst's start) where the tier misses its goal; the time after the
-    burst ends until every later bin meets it (recovery); and what became of the window's requests."""
-    import numpy as np
-
-    from tierserve.experiments.capacity import with_seed
-    from tierserve.experiments.scenario import run_scenario
-    m = PlanMix.model_validate(mix)
-    b = m.burst
-    cfg = scenario_for(m, Fleet(**fleet), workload=_burst_workload(m, factor))
-    tables, tier_set = [], None
-    for seed in m.search.seeds:
-        res = run_scenario(with_seed(cfg, int(seed)))
-        tables.append(res.table)
-        tier_set = res.workload.tier_set
-    end_s = b.start_s + b.length_s
-    out: dict[str, Any] = {"factor": factor, "start_s": b.start_s, "length_s": b.length_s, "bin_s": b.bin_s,
-                           "tiers": {}}
-    horizon = b.start_s + b.length_s + b.after_s
-    edges = np.arange(0.0, horizon + b.bin_s, b.bin_s)
-    for tier in tier_set:                                       # type: ignore[union-attr]
-        goal = tier.slo.attainment
-        met = np.zeros(len(edges) - 1)
-        tot = np.zeros(len(edges) - 1)
-        window = {"requests": 0, "met": 0, "late": 0, "relegated": 0, "rejected": 0, "censored": 0}
-        for t in tables:
-            mask = t.tier == tier.index
-            arr = t.arrival_s[mask]
-            ok = t.meets_slo[mask]
-            idx = np.digitize(arr, edges) - 1
-            keep = (idx >= 0) & (idx < len(met))
-            np.add.at(met, idx[keep], ok[keep])
-            np.add.at(tot, idx[keep], 1)
-            w = (arr >= b.start_s) & (arr < end_s)
-            window["requests"] += int(w.sum())
-            window["met"] += int(ok[w].sum())
-            fin = t.finished[mask][w]
-            window["late"] += int((fin & ~ok[w] & ~t.relegated[mask][w]).sum())
-            window["relegated"] += int(t.relegated[mask][w].sum())
-            window["rejected"] += int(t.rejected[mask][w].sum())
-            window["censored"] += int(t.censored[mask][w].sum())
-        att = np.where(tot > 0, met / np.maximum(tot, 1), np.nan)
-        below = [i for i in range(len(att)) if tot[i] > 0 and att[i] < goal]
-        first = next((edges[i] for i in below if edges[i + 1] > b.start_s), None)
-        last_bad = max((edges[i + 1] for i in below), default=None)
-        out["tiers"][tier.name] = {
-            "goal": goal, "bins_start_s": edges[:-1].tolist(), "attainment": att.tolist(), "count": tot.tolist(),
-            "window_attainment": window["met"] / window["requests"] if window["requests"] else math.nan,
-            "breaks_at_s": None if first is None else max(0.0, float(first) - b.start_s),
-            "recovery_s": None if last_bad is None else max(0.0, float(last_bad) - end_s),
-            "recovered": bool(last_bad is None or last_bad < horizon), "window": window}
-    broken = [(v["breaks_at_s"], t) for t, v in out["tiers"].items() if v["breaks_at_s"] is not None]
-    out["breaks_first"] = min(broken)[1] if broken else None
-    return out
-
-
-def overflow_rules(bursts: Mapping[float, dict[str, Any]], goals: Mapping[str, float], length_s: float
-                   ) -> dict[str, dict[str, Any]]:
-    """Per tier: the largest burst factor (for the window's length) at which its window attainment still meets
-    its goal, and, at the first factor where it does not, what became of its window's requests."""
-    out: dict[str, dict[str, Any]] = {}
-    for tier in goals:
-        absorbs, beyond = 1.0, None
-        for f in sorted(bursts):
-            v = bursts[f]["tiers"].get(tier)
-            if v is None:
-                continue
-            if v["window_attainment"] >= goals[tier]:
-                if beyond is None:
-                    absorbs = f
-            elif beyond is None:
-                beyond = {"factor": f, **v["window"]}
-        if beyond is None:
-            rule = f"absorbs every burst tried (up to ×{max(bursts):g} for {length_s:g} s)"
-        else:
-            w = beyond
-            fate = max(("queued (finished late)", w["late"]), ("relegated", w["relegated"]),
-                       ("refused (rejected)", w["rejected"]), ("still queued at the end", w["censored"]),
-                       key=lambda kv: kv[1])
-            rule = (f"absorbs ×{absorbs:g} for {length_s:g} s; at ×{beyond['factor']:g} its excess is mostly "
-                    f"{fate[0]}: {w['late']} late, {w['relegated']} relegated, {w['rejected']} rejected, "
-                    f"{w['censored']} unfinished of {w['requests']}")
-        out[tier] = {"absorbs_factor": absorbs, "beyond": beyond, "rule": rule}
-    return out
-
-
-def hourly_replicas(mix: PlanMix, fleet: Fleet) -> list[int]:
-    """For a daily curve: the fewest replicas of the chosen configuration that pass at each hour's rate
-    (bisection in [1, the peak's count]; hours with the same rate share one search)."""
-    assert mix.daily_rates
-    cache: dict[float, int] = {}
-    s = mix.search
-    for r in mix.daily_rates:
-        if r in cache:
-            continue
-        lo, hi = 0, fleet.replicas
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if probe_fleet(mix, Fleet(fleet.gpu, fleet.tp, fleet.stack, mid), s.seeds, s.clear_miss, r).passes:
-                hi = mid
-            else:
-                lo = mid
-        cache[r] = hi
-    return [cache[r] for r in mix.daily_rates]

@@ -122,3 +122,22 @@ def next_cheaper(plan: Plan) -> Fleet | None:
 
 def verify_job(mix: dict[str, Any], fleet: dict[str, Any], seeds: list[int]) -> Probe:
     return probe_fleet(PlanMix.model_validate(mix), Fleet(**fleet), seeds, None)
+
+
+def check_outcome(checks: Sequence[Verification]) -> tuple[bool, str]:
+    """Did the check hold — the plan meets every tier at the new seeds and its neighbour misses at least one —
+    and a line saying how."""
+    plan = next(c.probe for c in checks if c.role == "plan")
+    nb = next((c.probe for c in checks if c.role != "plan"), None)
+    short = [t for t, a in plan.attainment.items() if not math.isnan(a) and a < plan.goals[t]]
+    line = (f"the plan ({plan.fleet.label()}) meets every tier at seeds it was not searched on"
+            if plan.passes else f"the plan ({plan.fleet.label()}) misses "
+            + (", ".join(short) if short else f"stability ({plan.stable_seeds}/{plan.seeds_run} seeds stable)"))
+    if nb is None:
+        return plan.passes, line + "; it has no cheaper neighbour (one replica, nothing cheaper probed)"
+    missed = [t for t, a in nb.attainment.items() if not math.isnan(a) and a < nb.goals[t]]
+    why = (", ".join(f"{t} {100 * nb.attainment[t]:.1f}% < {100 * nb.goals[t]:.0f}%" for t in missed) if missed
+           else f"stability ({nb.stable_seeds}/{nb.seeds_run} seeds stable)")
+    line += (f"; the next-cheaper neighbour ({nb.fleet.label()}) misses: {why}" if not nb.passes else
+             f"; but the next-cheaper neighbour ({nb.fleet.label()}) meets every tier too")
+    return plan.passes and not nb.passes, line
