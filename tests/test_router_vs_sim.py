@@ -23,7 +23,8 @@ def synthetic_rows(n: int = 200, seed: int = 0) -> list[dict]:
         p, b = int(rng.integers(0, 257)), int(rng.integers(0, 5))
         ms = (COEF[0] + COEF[1] * p + COEF[2] * b) * 1e3 * float(rng.uniform(0.98, 1.02))
         rows.append({"prefill_tokens": p, "prefill_attn_pairs": p * p / 2, "decode_count": b,
-                     "decode_context_sum": b * int(rng.integers(50, 300)), "measured_ms": f"{ms:.4f}", "step": k, "num_requests": b,
+                     "decode_context_sum": b * int(rng.integers(50, 300)), "measured_ms": f"{ms:.4f}", "step": k,
+                     "num_requests": b,
                      "preemptions": 0, "exclude": ""})
     return rows
 
