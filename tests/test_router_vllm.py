@@ -148,7 +148,10 @@ def test_router_over_two_vllm_engines_accounts_for_every_request(vllm_engines, t
         for k, t in enumerate(TIERS) if k in api))
     # contended: requests waited in the engines' queues, on both engines (/metrics), and longer in the scheduler
     # than in the API server (the request logs)
-    assert all(sampler.result.waiting_fraction(u) >= 0.1 for u in urls), sampler.result.describe()
+    # the dispatch need not split the queueing evenly (one CI run: 18% and 8% of samples), so each engine must
+    # have queued several requests at once and the engines together in at least 10% of their samples
+    assert all(sampler.result.max_waiting(u) >= 2 for u in urls), sampler.result.describe()
+    assert statistics.mean(sampler.result.waiting_fraction(u) for u in urls) >= 0.1, sampler.result.describe()
     every_sched = statistics.median(x for v in sched.values() for x in v)
     every_api = statistics.median(x for v in api.values() for x in v)
     assert every_sched > every_api, ("not contended at the scheduler", every_sched, every_api)

@@ -122,6 +122,9 @@ class Contention:
         s = self.samples.get(url) or []
         return sum(1 for _, w in s if w > 0) / len(s) if s else float("nan")
 
+    def max_waiting(self, url: str) -> int:
+        return max((w for _, w in self.samples.get(url) or []), default=0)
+
     def describe(self) -> str:
         parts = []
         for url, s in self.samples.items():
