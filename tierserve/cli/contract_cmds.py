@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from tierserve.cli.options import PoolWorkers, StudyExecutorByQuick
 from tierserve.core.files import shown
 
 
@@ -15,12 +16,11 @@ def register(reproduce_app: typer.Typer) -> None:
     def contract(quick: bool = typer.Option(False, "--quick", help="Short runs, one seed, three stacks: a smoke of "
                                                                    "every section (under a minute), not evidence."),
                  out: Path = typer.Option(Path("results/contract"), "--out", help="Folder for the report and JSON."),
-                 executor: str = typer.Option(None, "--executor", help="process | serial | ray (default: serial "
-                                                                       "with --quick, else process)"),
+                 executor: StudyExecutorByQuick = None,
                  sections: str = typer.Option(None, "--sections", help="Comma-separated subset of: default, "
                                                                        "capacity, steady, ktier, reasoning, "
                                                                        "qos_diurnal, ablation, sensitivity."),
-                 workers: int = typer.Option(2, "--workers", min=1, help="Process-pool size."),
+                 workers: PoolWorkers = 2,
                  doc: Optional[Path] = typer.Option(None, "--doc", help="Also write the report here (the "
                                                                         "repository's docs/results/contract.md)."),
                  resume: bool = typer.Option(False, "--resume", help="Keep the sections an earlier run of the same "

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from tierserve.cli.options import StudyExecutor, StudySeeds
 from tierserve.core.files import shown
 
 reproduce_app = typer.Typer(no_args_is_help=True, help="One-command reproductions of the seeds' studies.")
@@ -16,8 +17,8 @@ reproduce_app = typer.Typer(no_args_is_help=True, help="One-command reproduction
 def ktier(quick: bool = typer.Option(False, "--quick", help="Same regimes, small: 2 replicas, 300 requests per run, "
                                                             "K ∈ {1, 3}, ρ ∈ {0.6, 2.0}, a short overload episode."),
           out: Path = typer.Option(Path("results/ktier"), "--out", help="Folder for CSV, Markdown and PNG outputs."),
-          executor: str = typer.Option("process", "--executor", help="process | serial | ray"),
-          seeds: int = typer.Option(3, "--seeds", min=3, help="Seeds per point (≥ 3: intervals need them)."),
+          executor: StudyExecutor = "process",
+          seeds: StudySeeds = 3,
           replicas: int = typer.Option(None, "--replicas", help="Override the study's replica count."),
           requests: int = typer.Option(None, "--requests", help="Override the first length of every run (requests)."),
           standard: bool = typer.Option(False, "--standard", help="The main setup without the sensitivity "

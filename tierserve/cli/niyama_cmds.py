@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from tierserve.cli.options import StudyExecutorByQuick
 from tierserve.core.files import shown
 
 
@@ -16,8 +17,7 @@ def register(reproduce_app: typer.Typer) -> None:
                                                                  "replica on the 3-replica dispatch runs), ±50% "
                                                                  "searches, 5 s diurnal segments (the tests' size)."),
                out: Path = typer.Option(Path("results/niyama"), "--out", help="Folder for the report, JSON and plot."),
-               executor: str = typer.Option(None, "--executor", help="process | serial | ray (default: serial "
-                                                                     "with --quick, else process)"),
+               executor: StudyExecutorByQuick = None,
                segment_s: float = typer.Option(None, "--segment-s", help="Override the diurnal segment length (s)."),
                requests: int = typer.Option(None, "--requests", help="Override requests per one-replica run."),
                workers: int = typer.Option(2, "--workers", min=1, help="Process-pool size: capacity searches run "

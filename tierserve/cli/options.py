@@ -1,6 +1,8 @@
 """The options several `tierserve` commands share, declared once: each is a type to annotate a command's
-parameter with (`seed: Seed = None`), so `simulate`, `compare`, `hardware` and `calibrate` spell a flag, its
-short form, its bounds and its help the same way. The default stays in the command's signature."""
+parameter with (`seed: Seed = None`), so every command that takes it (`simulate`, `compare`, `hardware`,
+`calibrate`, `sweep`, `plan` and the reproductions) spells a flag, its short form, its bounds and its help the
+same way. The default stays in the command's signature. An option whose help names what one command does with
+it (a reproduction's `--out`, `--quick`, `--doc`) stays in that command."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,3 +32,11 @@ OutFolder = Annotated[Optional[Path], typer.Option(
 SteadyState = Annotated[bool, typer.Option("--steady-state", help=STEADY_HELP)]
 DropFraction = Annotated[float, typer.Option("--drop-fraction", help=DROP_HELP)]
 Seeds = Annotated[int, typer.Option("--seeds", min=1, help=SEEDS_HELP)]
+
+# the long jobs: a sweep, a plan, the reproductions
+PoolExecutor = Annotated[str, typer.Option("--executor", help="process | serial | ray.")]
+PoolWorkers = Annotated[Optional[int], typer.Option("--workers", min=1, help="Process-pool size.")]
+StudyExecutor = Annotated[str, typer.Option("--executor", help="process | serial | ray")]
+StudyExecutorByQuick = Annotated[Optional[str], typer.Option(
+    "--executor", help="process | serial | ray (default: serial with --quick, else process)")]
+StudySeeds = Annotated[int, typer.Option("--seeds", min=3, help="Seeds per point (≥ 3: intervals need them).")]

@@ -9,6 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tierserve.cli.options import PoolExecutor, PoolWorkers
+
 
 def _pairs(values: list[str], option: str) -> dict[str, str]:
     out = {}
@@ -41,8 +43,8 @@ def register(app: typer.Typer) -> None:
         top: int = typer.Option(5, min=1, help="How many ranked alternatives to print."),
         verify: bool = typer.Option(True, "--verify/--no-verify", help="Simulate the plan and its next-cheaper "
                                     "neighbour at new seeds (100-102): the plan must meet every tier, the neighbour miss one."),
-        executor: str = typer.Option("process", help="process | serial | ray."),
-        workers: Optional[int] = typer.Option(None, min=1, help="Process-pool size."),
+        executor: PoolExecutor = "process",
+        workers: PoolWorkers = None,
         out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for plan.json and one scenario per row "
                                                                        "(default: plans/<mix name>)."),
     ) -> None:

@@ -7,6 +7,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from tierserve.cli.options import PoolExecutor
+
 
 def register(app: typer.Typer) -> None:
     @app.command()
@@ -14,7 +16,7 @@ def register(app: typer.Typer) -> None:
         spec: Path = typer.Argument(..., help="Sweep spec YAML (params, seeds, base scenario; see docs/planning.md)."),
         out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for points/ and the result table "
                                                                        "(default: sweeps/<name>). Run again to resume."),
-        executor: str = typer.Option("process", help="process | serial | ray."),
+        executor: PoolExecutor = "process",
         address: Optional[str] = typer.Option(None, help="With --executor ray: the cluster to join, e.g. "
                                                          "ray://head:10001 (default $RAY_ADDRESS, else a local Ray)."),
         workers: Optional[int] = typer.Option(None, min=1, help="Process-pool size (default: one per core)."),

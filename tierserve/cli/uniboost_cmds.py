@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from tierserve.cli.options import StudyExecutor, StudySeeds
 from tierserve.core.files import shown
 
 
@@ -15,8 +16,8 @@ def register(reproduce_app: typer.Typer) -> None:
                                                                    "requests and the starvation test (8 replicas "
                                                                    "by replay, 300 requests each)."),
                  out: Path = typer.Option(Path("results/uniboost"), "--out", help="Folder for the report and runs."),
-                 executor: str = typer.Option("process", "--executor", help="process | serial | ray"),
-                 seeds: int = typer.Option(3, "--seeds", min=3, help="Seeds per point (≥ 3: intervals need them)."),
+                 executor: StudyExecutor = "process",
+                 seeds: StudySeeds = 3,
                  requests: int = typer.Option(None, "--requests", help="Override Table 2's requests per run."),
                  reuse_capacities: Path = typer.Option(None, "--reuse-capacities", help="A previous run's "
                                                        "uniboost_meta.json: reuse its measured capacities for "
