@@ -8,6 +8,7 @@ from typing import Sequence
 from tierserve.core import AllocationRule, BatchPlan, PreemptMode, RequestState
 from tierserve.policies.local.base import LocalPolicy, ReplicaView, evict_from_tail, holds_computed_plus_next
 from tierserve.policies.local.chunks import next_chunk
+from tierserve.policies.local.decode_steps import decode_while_blocks_fit
 from tierserve.policies.local.vllm_v0 import arrival_key
 
 
@@ -54,19 +55,8 @@ class SarathiPolicy(LocalPolicy):
         if end <= cap and end <= budget:
             # Neither the batch cap nor the budget can stop the loop below: the same steps without their
             # checks, until a request's blocks do not fit (the loop below takes over there, evicting).
-            i = end
-            for j, r in enumerate(running):
-                c = r.num_computed_tokens
-                if r.num_tokens - c > 1 or r.num_generated == 0:
-                    partial.append(r)
-                    continue
-                need = (-(-(c + 1) // bs) if inline_hold else hold(r, 1, bs)) - r.num_blocks
-                if need > free:
-                    i = j
-                    break
-                scheduled.append((r, 1))
-                if need > 0:
-                    free -= need
+            # (A decode has at most one token left, so max(computed + 1, known) is computed + 1 there.)
+            i, free = decode_while_blocks_fit(running, scheduled, free, bs, None if inline_hold else hold, partial)
             n_scheduled = len(scheduled)
             budget -= n_scheduled
         while i < end:

@@ -4,7 +4,7 @@ the first token's deadline a + TTFT for interactive requests, a + TTLT for non-i
 queue keyed on entry (`WaitingHeap`): the same order as sorting it every iteration, without the cost."""
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from tierserve.core import BatchPlan, PreemptMode, RequestState
 from tierserve.policies.local.base import ReplicaView, declares_steady_plans
@@ -18,10 +18,16 @@ def deadline_key(state: RequestState) -> tuple[float, float, int]:
 
 
 class KeyedWaitingMixin:
-    """Waiting requests in `waiting_key` order through a `WaitingHeap` fed by the arrival/preempt hooks."""
+    """The Sarathi orders' scaffolding: one key, `order_key` (a policy sets it, `staticmethod(key)`), orders
+    both the waiting line (through a `WaitingHeap` fed by the arrival/preempt hooks) and the partial prefills."""
+
+    order_key: Callable[[RequestState], tuple]
 
     def waiting_key(self, state: RequestState) -> tuple:
-        raise NotImplementedError
+        return self.order_key(state)
+
+    def prefill_order(self, partial: list[RequestState]) -> list[RequestState]:
+        return sorted(partial, key=self.order_key)
 
     def _heap(self) -> WaitingHeap:
         h = self.__dict__.get("_waiting_heap")
@@ -49,9 +55,4 @@ class KeyedWaitingMixin:
 @declares_steady_plans
 class SarathiEDFPolicy(KeyedWaitingMixin, SarathiFCFSPolicy):
     name = "sarathi_edf"
-
-    def waiting_key(self, state: RequestState) -> tuple:
-        return deadline_key(state)
-
-    def prefill_order(self, partial: list[RequestState]) -> list[RequestState]:
-        return sorted(partial, key=deadline_key)
+    order_key = staticmethod(deadline_key)

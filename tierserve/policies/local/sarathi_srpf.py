@@ -15,9 +15,4 @@ def remaining_prefill_key(state: RequestState) -> tuple[int, float, int]:
 @declares_steady_plans
 class SarathiSRPFPolicy(KeyedWaitingMixin, SarathiFCFSPolicy):
     name = "sarathi_srpf"
-
-    def waiting_key(self, state: RequestState) -> tuple:
-        return remaining_prefill_key(state)
-
-    def prefill_order(self, partial: list[RequestState]) -> list[RequestState]:
-        return sorted(partial, key=remaining_prefill_key)
+    order_key = staticmethod(remaining_prefill_key)

@@ -10,6 +10,7 @@ from typing import Sequence
 
 from tierserve.core import AllocationRule, BatchPlan, PreemptMode, RequestState
 from tierserve.policies.local.base import LocalPolicy, ReplicaView, _hold_whole_prompt, evict_from_tail
+from tierserve.policies.local.decode_steps import decode_while_blocks_fit
 
 
 # (arrival_s, id) of a RequestState, built in C: running queues are sorted at every plan.
@@ -62,17 +63,7 @@ class VLLMv0Policy(LocalPolicy):
         if end <= max_seqs and whole_prompt:
             # The batch cap cannot stop the loop below: the same steps without its checks, until a request's
             # blocks do not fit (the loop below takes over there, evicting).
-            i = end
-            for j, r in enumerate(running):
-                tokens = r.num_computed_tokens + 1
-                known = r.num_tokens
-                need = -(-(tokens if tokens > known else known) // bs) - r.num_blocks
-                if need > free:
-                    i = j
-                    break
-                scheduled.append((r, 1))
-                if need > 0:
-                    free -= need
+            i, free = decode_while_blocks_fit(running, scheduled, free, bs)
         while i < end and len(scheduled) < max_seqs:
             r = running[i]
             if whole_prompt:
