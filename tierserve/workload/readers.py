@@ -14,6 +14,10 @@ Prefix identity (issue 28): a CSV may carry `hash_ids` (Mooncake's space-separat
 `hash_block_tokens` = 512 prompt tokens, the last block possibly partial) and `session_id`. The ids are chained
 (`chain_block_ids`: hash i covers ids 0..i) so that equal hashes mean equal prefixes whatever the file's ids
 mean, and only full blocks are kept (vLLM caches full blocks only). Both columns are optional.
+
+Over 600 lines: every reader (csv, lengths, azure, mooncake, vidur, vidur_run, 20–60 lines each) and the cell
+parsers they all share (numbers, tokens, times, tiers, prefix columns) with their error rule, kept in one
+place so a format's rule for a value is the same as every other's.
 """
 from __future__ import annotations
 
