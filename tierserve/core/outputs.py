@@ -279,6 +279,15 @@ def remove_unlisted(final: Path, old: dict[str, Any] | None, keep: dict[str, Any
             _remove_listed(final, rel)
 
 
+def withdraw_previous(final: Path) -> None:
+    """Under the folder's lock, for a run about to replace the inputs a previous result was computed from (an
+    engine's logs rewritten in place): that result's listed files and its manifest.json are removed first, so an
+    old result never stands beside new inputs. Files the manifest does not list are left alone."""
+    old = read_manifest(final)
+    (final / MANIFEST_JSON).unlink(missing_ok=True)
+    remove_unlisted(final, old, set())
+
+
 def publish_in_place(final: Path, files: list[str], old: dict[str, Any] | None) -> None:
     """Vouch for a result written in place (each file atomically, under the folder's lock): the previous result's
     other files are removed and `manifest.json` listing `files` (relative to `final`) is written last. For

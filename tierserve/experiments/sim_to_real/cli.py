@@ -1,12 +1,24 @@
 """sim_to_real's command line (`benchmarks/sim_to_real.py` is its entry): record a run, reanalyse one, or
-aggregate finished runs."""
+aggregate finished runs.
+
+--out is the run's folder, in two parts. The engine's working files (`iterations.csv`, `requests.jsonl`,
+`server.log`, `engine_fit.json`, `engine_fit_run/`, `tmp/`) are written there as the engine runs: the analysis
+reads them back. The result (`runs.json`, every `fit*.json`, `calibration_iterations.csv`, `table.txt`,
+`real.json`, `summary.json`) goes through the output layer (`tierserve.core.outputs`): written into a private
+staging folder and published whole with `manifest.json` when the analysis ends, under the folder's lock (a
+second run on the same --out is refused); a new recording first withdraws the previous result (its logs are
+about to be replaced), a failed or interrupted analysis publishes nothing, and a write error (a full disk, a
+device or FIFO where a result goes) is one line naming the path."""
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import tierserve.experiments.sim_to_real as package
+from tierserve.core.errors import TierserveError
+from tierserve.core.outputs import output_folder, withdraw_previous, write_text_atomic
 from tierserve.experiments.sim_to_real.aggregate import aggregate
 from tierserve.experiments.sim_to_real.analyse import analyse
 from tierserve.experiments.sim_to_real.engine import collect
@@ -48,10 +60,20 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--requests {args.requests} / --calibration-requests {args.calibration_requests}: at least 20 / "
                  f"10 (per-tier percentiles need requests)")
     out = args.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with output_folder(out) as stage:
+            return _record_and_analyse(ap, args, out, stage)
+    except TierserveError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _record_and_analyse(ap: argparse.ArgumentParser, args: argparse.Namespace, out: Path, stage: Path) -> int:
+    """Record a run (or read the recorded one) and analyse it; the result is written into `stage`."""
     builder = load_builder()
     if args.reanalyse:
-        saved = json.loads((out / "runs.json").read_text())
+        recorded_text = (out / "runs.json").read_text()
+        saved = json.loads(recorded_text)
         recorded = saved.get("seed")            # the simulated draws (frontend, variability) use the run's seed
         if recorded is not None and args.seed is not None and args.seed != recorded:
             ap.error(f"--seed {args.seed}: {out} was recorded with seed {recorded} (leave --seed out)")
@@ -60,9 +82,11 @@ def main(argv: list[str] | None = None) -> int:
                      f"it ran with, or the frontend and variability draws differ from its first analysis")
         args.seed = recorded if recorded is not None else args.seed
         TIER_SLOS[:] = saved.get("slo", [{}] * len(TIER_MIX))
+        write_text_atomic(stage / "runs.json", recorded_text)   # the recorded run stays part of the result
     else:
         args.seed = 1 if args.seed is None else args.seed
         TIER_SLOS[:] = parse_slos(args.slo)
+        withdraw_previous(out)          # the engine's new logs replace the ones the previous result came from
         saved = collect(args, out, builder)
-        (out / "runs.json").write_text(json.dumps(saved))
-    return analyse(args, out, saved)
+        write_text_atomic(stage / "runs.json", json.dumps(saved))
+    return analyse(args, out, saved, dest=stage)

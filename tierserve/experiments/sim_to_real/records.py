@@ -5,6 +5,8 @@ import csv
 import json
 from pathlib import Path
 
+from tierserve.core.outputs import atomic_path
+
 
 def engine_records(out: Path, run: str) -> dict[int, dict]:
     """The engine's request log for one run, by trace index."""
@@ -18,7 +20,9 @@ def iteration_rows(out: Path) -> list[dict]:
 
 
 def write_rows(rows: list[dict], path: Path) -> Path:
-    with path.open("w", newline="") as f:
+    """`rows` as CSV at `path`, through the output layer (a temporary file renamed in; a non-regular target or a
+    write error is one line naming the path)."""
+    with atomic_path(path) as tmp, tmp.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tierserve.core.outputs import write_text_atomic
 from tierserve.experiments.sim_to_real.tables import BOOTSTRAP_SEED
 
 
@@ -31,10 +32,11 @@ def write_fit(coef: np.ndarray, path: Path, n_rows: int, source: str, rows: list
     from tierserve.hardware.calibration import step_time_ratio_table
     keys = ("c0_s", "c_prefill_tok_s", "c_decode_tok_s", "c_pair_s", "c_ctx_s")
     x, y = step_features([r for r in rows if not (r.get("exclude") or "").strip()])
-    path.write_text(json.dumps({**{k: float(c) for k, c in zip(keys, coef)}, "n_rows": n_rows,
-                                # on the fitted rows themselves (fit files require a finite MAPE)
-                                "mape_test": float(np.mean(np.abs(x @ coef - y) / y) * 100), "source": source,
-                                "step_time_ratios": step_time_ratio_table(y, x @ coef)}, indent=1))
+    write_text_atomic(path, json.dumps({**{k: float(c) for k, c in zip(keys, coef)}, "n_rows": n_rows,
+                                        # on the fitted rows themselves (fit files require a finite MAPE)
+                                        "mape_test": float(np.mean(np.abs(x @ coef - y) / y) * 100),
+                                        "source": source, "step_time_ratios": step_time_ratio_table(y, x @ coef)},
+                                       indent=1))
     return path
 
 
