@@ -86,6 +86,9 @@ def _guard(command: Callable[..., Any], staged: bool) -> Callable[..., Any]:
         from tierserve.core.limits import check_options
         check_options(kwargs)                       # every number bounded, every name given, before any work
         _check_reuse_files(kwargs)
+        if isinstance(kwargs.get("doc"), Path):     # a results document written when the study ends: checked now
+            from tierserve.core.outputs import check_out_file
+            check_out_file(kwargs["doc"], "--doc")
         out = kwargs.get("out")
         if not (staged and isinstance(out, Path)):
             try:

@@ -52,14 +52,14 @@ def register(reproduce_app: typer.Typer) -> None:
             import json
 
             from tierserve.experiments.contract import merge_results, report
-            from tierserve.core.files import read_mapping
+            from tierserve.core.files import read_mapping, write_text_atomic
             merged = merge_results([read_mapping(p, "--merge", json.loads, (ValueError,), "JSON") for p in merge])
             text = report(merged, study)
             out.mkdir(parents=True, exist_ok=True)
             (out / "contract_report.md").write_text(text)
             (out / "contract_results.json").write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
             if doc:
-                doc.write_text(text)
+                write_text_atomic(doc, text)
             console.print(text, markup=False, highlight=False)
             console.print(f"merged {len(merge)} result file(s) into {shown(out)}/contract_report.md"
                           + (f" and {shown(doc)}" if doc else ""))

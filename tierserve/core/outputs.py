@@ -48,7 +48,9 @@ def output_error(e: OSError, path: str | Path) -> OutputError | OSError:
     name = errno.errorcode.get(e.errno or 0, "")
     if name not in _WRITE_ERRNOS:
         return e
-    where = shown(e.filename) if e.filename else shown(path)
+    # our own temporary names (`.tierserve-….partial`) mean nothing to the user: the target is named instead
+    ours = e.filename and os.path.basename(str(e.filename)).startswith(".tierserve-")
+    where = shown(e.filename) if e.filename and not ours else shown(path)
     return OutputError(where, f"cannot write: {_WRITE_ERRNOS[name]} ({name})")
 
 

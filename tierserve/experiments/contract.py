@@ -384,7 +384,8 @@ def run_study(study: Study, out: Path, executor: str = "process", log: Callable[
     res["markdown"] = report(res, study)
     (out / "contract_report.md").write_text(res["markdown"])
     if doc is not None:
-        Path(doc).write_text(res["markdown"])
+        from tierserve.core.outputs import write_text_atomic
+        write_text_atomic(doc, res["markdown"])
     return res
 
 

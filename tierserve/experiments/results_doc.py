@@ -26,10 +26,15 @@ def read_section(path: str | Path, name: str) -> str | None:
     return text.split(begin, 1)[1].split(end, 1)[0].strip("\n") + "\n"
 
 
-def write_section(path: str | Path, name: str, markdown: str, title: str = "") -> Path:
-    """Put `markdown` in section `name` of the document at `path` (created with `title` if absent)."""
-    p = Path(path)
-    text = p.read_text(encoding="utf-8") if p.exists() else (f"# {title}\n\n" if title else "")
+def write_section(path: str | Path, name: str, markdown: str, title: str = "", field: str = "--doc") -> Path:
+    """Put `markdown` in section `name` of the document at `path` (created with `title` if absent), through the
+    output layer: a target that is not a regular file is refused (never read, never replaced), the document is
+    replaced by a rename (an interrupted or failed write leaves the previous one whole), and a write error is
+    one line naming the path."""
+    from tierserve.core.inputs import read_text
+    from tierserve.core.outputs import check_out_file, write_text_atomic
+    p = check_out_file(path, field)
+    text = read_text(p, field, "Markdown") if p.exists() else (f"# {title}\n\n" if title else "")
     begin, end = _markers(name)
     block = f"{begin}\n{markdown.strip(chr(10))}\n{end}"
     if begin in text and end in text:
@@ -37,6 +42,4 @@ def write_section(path: str | Path, name: str, markdown: str, title: str = "") -
         text = head + block + rest.split(end, 1)[1]
     else:
         text = text.rstrip("\n") + ("\n\n" if text.strip() else "") + block + "\n"
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(text, encoding="utf-8")
-    return p
+    return write_text_atomic(p, text)
