@@ -34,17 +34,31 @@ def vllm_args(mix: PlanMix, fleet: Fleet) -> str:
 
 
 def write_plan(plan: Plan, outdir: str | Path) -> dict[str, Path]:
-    """plan.json (every probe, ranked rows, extras) and one scenario YAML per ranked row (its reproduction)."""
-    import yaml
-
-    from tierserve.core.files import write_text_atomic
+    """plan.json (every probe, ranked rows, extras) and one scenario YAML per ranked row (its reproduction),
+    through the output layer: under the folder's lock, each file written atomically in place (plan.json names
+    the rows by their final paths), then `publish_in_place` removes the previous plan's files this one does not
+    write (no old row YAML beside a new plan.json) and writes manifest.json last."""
+    from tierserve.core.outputs import MANIFEST_JSON, FolderLock, publish_in_place, read_manifest
     out = Path(outdir)
     (out / "rows").mkdir(parents=True, exist_ok=True)
+    with FolderLock(out):
+        old = read_manifest(out)
+        (out / MANIFEST_JSON).unlink(missing_ok=True)      # while the files change, the folder vouches for nothing
+        paths = _write_plan_files(plan, out)
+        publish_in_place(out, [str(p.relative_to(out)) for p in paths], old)
+    return {"plan": out / "plan.json", "rows": out / "rows"}
+
+
+def _write_plan_files(plan: Plan, out: Path) -> list[Path]:
+    import yaml
+
+    from tierserve.core.outputs import write_text_atomic
+    files = []
     rows = []
     for i, p in enumerate(plan.ranked, 1):
         cfg = scenario_for(plan.mix, p.fleet)
         f = out / "rows" / f"{i:02d}_{p.fleet.gpu}_tp{p.fleet.tp}_{p.fleet.stack.replace('+', '__')}_r{p.fleet.replicas}.yaml"
-        write_text_atomic(f, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        files.append(write_text_atomic(f, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)))
         rows.append({**_probe_dict(p), "rank": i, "scenario": str(f), "reproduce": reproduce_command(plan, f),
                      "vllm": vllm_args(plan.mix, p.fleet), "headroom": plan.headroom.get(p.fleet.label(), {})})
     doc = {"mix": plan.mix.model_dump(mode="json"), "price_source": PRICE_SOURCE, "rows": rows,
@@ -55,8 +69,7 @@ def write_plan(plan: Plan, outdir: str | Path) -> dict[str, Path]:
            "pool_per_class": [{"tier": t, **(_probe_dict(s.best) if s and s.best else {"missing": True})}
                               for t, s in plan.pool_per_class],
            "burst": plan.burst, "overflow": plan.overflow, "hourly_replicas": plan.hourly, "wall_s": plan.wall_s}
-    path = write_text_atomic(out / "plan.json", json.dumps(_no_nan(doc), indent=1) + "\n")
-    return {"plan": path, "rows": out / "rows"}
+    return [*files, write_text_atomic(out / "plan.json", json.dumps(_no_nan(doc), indent=1) + "\n")]
 
 
 def reproduce_command(plan: Plan, scenario_file: Path) -> str:
