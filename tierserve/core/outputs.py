@@ -121,15 +121,55 @@ def check_out_file(path: str | Path, field: str = "--out") -> Path:
     return p
 
 
+def _temp_prefix(final: Path) -> str:
+    """The temporary-file prefix for writes of `final`: `.tierserve-<digest of its name>-<pid>-` (the pid says
+    whose it is; the digest keeps the name short whatever the target's)."""
+    import hashlib
+    return f".tierserve-{hashlib.sha256(os.fsencode(final.name)).hexdigest()[:12]}-{os.getpid()}-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_dead_temps(final: Path) -> None:
+    """Temporary files of earlier writes of `final` whose process is gone (a SIGKILL mid-write leaves one;
+    nothing else would ever remove it). Only our own names for this target, and only a dead writer's."""
+    prefix = _temp_prefix(final).rsplit("-", 2)[0] + "-"
+    try:
+        names = os.listdir(final.parent)
+    except OSError:
+        return
+    for name in names:
+        if not (name.startswith(prefix) and name.endswith(PARTIAL_SUFFIX)):
+            continue
+        pid = name[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            p = final.parent / name
+            if p.is_file() and not p.is_symlink():
+                try:
+                    p.unlink()
+                except OSError:
+                    pass
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temporary path beside `path` to write to; renamed onto `path` only when the block completes, so an
-    interrupted write never leaves a file under the final name. A target that is not a regular file is refused."""
+    interrupted write never leaves a file under the final name. A target that is not a regular file is refused.
+    Temporary files a killed earlier write of the same target left beside it are removed."""
     final = Path(path)
     _refuse_non_regular(final, shown(final))
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tierserve-", suffix=PARTIAL_SUFFIX, dir=final.parent)
+        _remove_dead_temps(final)
+        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(final), suffix=PARTIAL_SUFFIX, dir=final.parent)
     except OSError as e:
         raise output_error(e, final) from None
     os.close(fd)
