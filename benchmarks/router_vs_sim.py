@@ -88,6 +88,18 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(a.model, "config.json").exists():
         raise SystemExit(f"--model: {a.model} has no config.json (python scripts/build_tiny_llama.py writes one)")
     out = a.out or Path(tempfile.mkdtemp(prefix="router-vs-sim-"))
+    from tierserve.core.errors import TierserveError
+    from tierserve.core.outputs import output_folder
+    try:            # the result (step_fit.json/.csv, router_vs_sim.json) published whole with manifest.json,
+        with output_folder(out) as stage:       # under --out's lock; the engines' logs (engine<k>/) beside it
+            return measure(a, shape, out, stage)
+    except TierserveError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def measure(a: argparse.Namespace, shape: TraceShape, out: Path, stage: Path) -> int:
+    """The engines write their logs under `out`; the result is written into `stage` (the output layer's)."""
     engines = [start_engine(a.model, free_port(), out / f"engine{k}", LIMITS, a.local_policy, logs=True)
                for k in range(NUM_ENGINES)]
     results = {}
@@ -111,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{capacity:.2f} req/s; load rho {a.rho:g} -> {rate:.2f} req/s", flush=True)
             cal, cal_records, cal_rows = run_trace(router.url, engines, a.model,
                                                    make_trace(a.calibration_requests, rate, 0, shape), "calibration")
-            fit_path, fit = fit_step_model(cap_rows + cal_rows, out / "step_fit.json")
+            fit_path, fit = fit_step_model(cap_rows + cal_rows, stage / "step_fit.json")
             delays = frontend_delays(cal, cal_records)
             print(f"step model (mean fit of {fit['n_rows']} steps): c0 {fit['c0_s'] * 1e3:.3f} ms, per prefill "
                   f"token {fit['c_prefill_tok_s'] * 1e6:.2f} us, per decode {fit['c_decode_tok_s'] * 1e6:.2f} us, "
@@ -130,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for e in engines:
             stop_engine(e)
-    (out / "router_vs_sim.json").write_text(json.dumps(results, indent=1))
-    print(f"written: {out / 'router_vs_sim.json'}")
+    (stage / "router_vs_sim.json").write_text(json.dumps(results, indent=1))
+    print(f"written: {out / 'router_vs_sim.json'} (with step_fit.json/.csv and manifest.json)")
     return 0
 
 
