@@ -17,12 +17,20 @@ FLUSH_EVERY_S = 1.0
 
 
 class _Appender:
-    """A file written on the engine's thread, opened for `IterationLog`'s batched rows or line by line."""
+    """A file written on the engine's thread, opened for `IterationLog`'s batched rows or line by line. Written
+    in place (it is read while the engine runs), through the output layer's checks: a target that is not a
+    regular file (a FIFO would block the engine's start; a device node) is refused naming the setting, and an
+    unwritable one is one line naming the path."""
+
+    field = "log"           # the EngineSettings field that names the file
 
     def __init__(self, path: str | Path, line_buffered: bool = False) -> None:
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        self.file = p.open("w", newline="", buffering=1 if line_buffered else -1)
+        from tierserve.core.outputs import check_out_file, output_error
+        p = check_out_file(path, f"tierserve.{self.field}")
+        try:
+            self.file = p.open("w", newline="", buffering=1 if line_buffered else -1)
+        except OSError as e:
+            raise output_error(e, p) from None
 
     def close(self) -> None:
         if not self.file.closed:
@@ -33,6 +41,8 @@ class IterationLog(_Appender):
     """One CSV row per engine step (`ITERATION_HEADER`). A step only appends its numbers; rows are formatted
     and written when the log is flushed (at most once a second, when the engine goes idle, on close), so the
     step path never formats."""
+
+    field = "iteration_log"
 
     def __init__(self, path: str | Path) -> None:
         super().__init__(path)
@@ -74,6 +84,8 @@ class DecisionLog(_Appender):
     and one `{"finished": id}` per request leaving the engine. Written line by line (readable while the
     engine runs in another process): a debugging and testing aid, off by default."""
 
+    field = "decision_log"
+
     def __init__(self, path: str | Path) -> None:
         super().__init__(path, line_buffered=True)
 
@@ -83,6 +95,8 @@ class DecisionLog(_Appender):
 
 class RequestLog(DecisionLog):
     """One JSON object per request leaving the engine (`EngineSettings.request_log`)."""
+
+    field = "request_log"
 
 
 def read_decisions(path: str | Path) -> list[dict]:
