@@ -123,9 +123,26 @@ def run_tree(tree: Path, outroot: Path, quick: bool, only: list[str] | None, nat
         raise SystemExit(f"tree {tree} failed:\n{proc.stderr[-3000:]}")
 
 
+KEPT_WITH = "sim_identity.json"     # in each tree's folder: what its outputs were made with (tree, options)
+
+
+def _stacks_in(folder: Path) -> set[str]:
+    """The stack folders under a tree's outputs (not its manifest, its options file or our hidden files)."""
+    return {p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")}
+
+
+def kept_with(folder: Path) -> dict | None:
+    """What a kept folder's outputs were made with, if they were published whole (manifest complete)."""
+    from tierserve.core.outputs import read_manifest
+    manifest = read_manifest(folder) if folder.is_dir() else None
+    if not (manifest and manifest.get("complete") and KEPT_WITH in manifest["files"]):
+        return None
+    return json.loads((folder / KEPT_WITH).read_text())
+
+
 def compare(a: Path, b: Path) -> list[str]:
     diffs = []
-    names = sorted({p.name for p in a.iterdir()} | {p.name for p in b.iterdir()})
+    names = sorted(_stacks_in(a) | _stacks_in(b))
     for name in names:
         fa, fb = a / name, b / name
         if not fa.is_dir() or not fb.is_dir():
@@ -145,7 +162,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="300 requests per stack instead of 1,500")
     ap.add_argument("--only", default=None, help="comma-separated stack names")
     ap.add_argument("--keep", default=None, help="write the outputs here instead of a temporary folder; "
-                    "the base tree's outputs found there are reused (same --quick/--only only)")
+                    "the base tree's outputs found there are reused when they were made from the same tree "
+                    "with the same options (recorded in base/sim_identity.json)")
     ap.add_argument("--native-vs-pure", action="store_true",
                     help="compare --work's compiled hot path with its pure-Python sources (no --base)")
     ap.add_argument("--fit-lengths", action="store_true",
@@ -179,17 +197,21 @@ def main(argv=None) -> int:
     else:
         base, work = Path(args.base).resolve(), Path(args.work).resolve()
         runs = (("base", base, None), ("work", work, None))
+    from tierserve.core.outputs import output_folder
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.keep) if args.keep else Path(tmp)
         for label, tree, native in runs:
-            if label == "base" and args.keep and (root / label).is_dir():
-                continue                   # the frozen tree's outputs from an earlier call (--keep)
-            if (root / label).exists():
-                import shutil
-                shutil.rmtree(root / label)
-            run_tree(tree, root / label, args.quick, only, native, args.fit_lengths)
+            made_with = {"tree": str(tree), "quick": args.quick, "only": only, "native": native,
+                         "fit_lengths": args.fit_lengths}
+            if label == "base" and args.keep and kept_with(root / label) == made_with:
+                continue                   # the frozen tree's outputs from an earlier call (--keep), same options
+            # each tree's outputs published whole with manifest.json (a rerun replaces only what a previous run
+            # listed; nothing else under --keep is removed)
+            with output_folder(root / label, "--keep") as stage:
+                run_tree(tree, stage, args.quick, only, native, args.fit_lengths)
+                (stage / KEPT_WITH).write_text(json.dumps(made_with, indent=1) + "\n")
         diffs = compare(root / "base", root / "work")
-        n = len(list((root / "base").iterdir()))
+        n = len(_stacks_in(root / "base"))
     if diffs:
         print(f"DIFFERENT ({len(diffs)} of {n} stacks' files):")
         for d in diffs:
