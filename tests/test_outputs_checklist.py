@@ -76,3 +76,24 @@ def test_a_killed_single_file_write_leaves_nothing_the_next_write_keeps(tmp_path
     (tmp_path / "other.partial").write_text("not ours")               # not our name: kept
     write_text_atomic(target, "{}")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["fit.json", live.name, "other.partial"])
+
+
+def test_calibrate_on_a_full_disk_is_one_line_and_keeps_the_previous_fit(tmp_path, monkeypatch):
+    import errno
+    import pathlib
+    out = tmp_path / "fit.json"
+    out.write_text('{"previous": true}')
+    log = _log(tmp_path)
+    real_write_text = pathlib.Path.write_text
+
+    def half_then_full(self, data, *args, **kwargs):
+        real_write_text(self, data[: len(data) // 2], *args, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+    monkeypatch.setattr(pathlib.Path, "write_text", half_then_full)
+    result = runner.invoke(app, ["calibrate", "--iterations", str(log), "--out", str(out)])
+    monkeypatch.undo()
+    text = "".join(result.output.splitlines())          # one message (the console wraps it at 80 columns)
+    assert result.exit_code == 2 and result.output.count("error:") == 1 and "Traceback" not in result.output
+    assert text.startswith(f"error: {out}: ") and "no space left on the device (ENOSPC)" in text
+    assert out.read_text() == '{"previous": true}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fit.json", "log.csv"]
