@@ -138,6 +138,28 @@ def test_no_tier0_decode_is_preempted_while_a_lower_tier_runs(spec, free):
             assert all(r.tier == 0 for r, _ in plan.scheduled), "a tier-0 decode was evicted to admit a lower tier"
 
 
+@pytest.mark.parametrize("tier_order", [True, False])
+def test_a_tier0_decode_outlives_a_lower_tier_with_an_earlier_deadline(tier_order):
+    """The victim rule where the deadline order alone would pick the tier-0 decode: a tier-1 decode that arrived
+    3 s earlier has the earlier next-token deadline. KV for one decode only: the tier-1 one goes,
+    by tier order or, without it, by decode protection; with neither, the tier-0 decode would (the case the
+    property above guards)."""
+    model = a100_model()
+
+    def states():
+        t0, t1 = decode_state(0, 0, 700), decode_state(1, 1, 700, now=7.0)
+        for r in (t0, t1):
+            r.num_blocks = r.num_computed_tokens // 16          # each needs one block for its next token
+        return t0, t1
+
+    t0, t1 = states()
+    plan = TierServePolicy(tier_order=tier_order).plan(ReplicaView(Source([t0, t1], [], 1, model)))
+    assert [v for v, _ in plan.preempt] == [t1] and [r for r, _ in plan.scheduled] == [t0]
+    t0, t1 = states()
+    unprotected = TierServePolicy(tier_order=False, protect_decodes=False)
+    assert [v for v, _ in unprotected.plan(ReplicaView(Source([t0, t1], [], 1, model))).preempt] == [t0]
+
+
 def test_a_waiting_tier0_request_displaces_a_lower_tier_at_max_num_seqs():
     model = a100_model()
     running = [decode_state(i, 1 + i % 2, 500) for i in range(4)]

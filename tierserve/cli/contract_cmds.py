@@ -21,8 +21,9 @@ def register(reproduce_app: typer.Typer) -> None:
                                                                        "capacity, steady, ktier, reasoning, "
                                                                        "qos_diurnal, ablation, sensitivity."),
                  workers: PoolWorkers = 2,
-                 doc: Optional[Path] = typer.Option(None, "--doc", help="Also write the report here (the "
-                                                                        "repository's docs/results/contract.md)."),
+                 doc: Optional[Path] = typer.Option(None, "--doc", help="Also write the report into its section "
+                                                        "('contract', 'contract quick') of this document (the "
+                                                        "repository's docs/results/contract.md)."),
                  resume: bool = typer.Option(False, "--resume", help="Keep the sections an earlier run of the same "
                                                                      "study saved under --out; run the rest."),
                  merge: Optional[list[Path]] = typer.Option(None, "--merge", help="Run nothing: render one report "
@@ -59,7 +60,8 @@ def register(reproduce_app: typer.Typer) -> None:
             (out / "contract_report.md").write_text(text)
             (out / "contract_results.json").write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
             if doc:
-                write_text_atomic(doc, text)
+                from tierserve.experiments.contract import write_doc
+                write_doc(doc, study, text)
             console.print(text, markup=False, highlight=False)
             console.print(f"merged {len(merge)} result file(s) into {shown(out)}/contract_report.md"
                           + (f" and {shown(doc)}" if doc else ""))

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 
 from tierserve.core import AllocationRule, BatchPlan, ConfigError, PreemptMode, RequestState
 from tierserve.policies.local.base import LocalPolicy, ReplicaView
+from tierserve.policies.local.chunks import next_chunk
 from tierserve.policies.local.deadlines import prefill_deadline
 
 DEFAULT_TBT_MARGIN = 0.9          # predicted iteration time may use 90% of the tightest TBT target
@@ -285,14 +286,12 @@ class TierServePolicy(LocalPolicy):
             held = id(r) in partial_ids
             if not held and (not admitting or num_seqs >= max_seqs):
                 continue
-            n = min(r.num_tokens - r.num_computed_tokens, left)
+            n = next_chunk(r, 0, left)
             need_r = -(-(r.num_computed_tokens + n) // bs) - r.num_blocks
             if need_r > free:
-                if not held:
-                    admitting = False       # the first that does not fit stops admission (vLLM v1)
+                admitting = admitting and held      # the first that does not fit stops admission (vLLM v1)
                 continue
-            if need_r > 0:
-                free -= need_r
+            free -= need_r if need_r > 0 else 0
             scheduled.append((r, n))
             left -= n
             if not held:
