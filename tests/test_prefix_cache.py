@@ -53,3 +53,24 @@ def test_hit_rate_and_bad_input():
     assert c.hit_rate() == 0.5
     with pytest.raises(ValueError, match="hash_block_tokens"):
         PrefixCache(10, 0, 16)
+
+
+def _sessions(n=300, seed=0):
+    from tierserve.workload.config import WorkloadConfig, build_workload
+    from tierserve.workload.sessions import SessionsConfig
+    cfg = WorkloadConfig(num_requests=n, seed=seed, sessions=SessionsConfig(hash_block_tokens=16))
+    return sorted(build_workload(cfg).requests, key=lambda r: r.arrival_s)
+
+
+def test_replay_equals_bound_unlimited_and_stays_below_it():
+    import sys
+    sys.path.insert(0, "benchmarks")
+    from prefix_cache import replay_hit_rate
+    from tierserve.workload.sessions import prefix_reuse_bound
+    reqs = _sessions()
+    bound = prefix_reuse_bound(reqs)
+    exact = bound.cacheable_tokens / bound.prompt_tokens
+    assert replay_hit_rate(reqs, 10**9) == pytest.approx(exact, abs=1e-12)
+    rates = [replay_hit_rate(reqs, n) for n in (50, 500, 5000, 50000)]
+    assert all(r <= exact + 1e-12 for r in rates)
+    assert rates == sorted(rates) and rates[0] < rates[-1]
