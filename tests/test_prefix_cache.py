@@ -74,3 +74,23 @@ def test_replay_equals_bound_unlimited_and_stays_below_it():
     rates = [replay_hit_rate(reqs, n) for n in (50, 500, 5000, 50000)]
     assert all(r <= exact + 1e-12 for r in rates)
     assert rates == sorted(rates) and rates[0] < rates[-1]
+
+
+def test_tier_aware_eviction_takes_lower_tiers_first():
+    for aware, survivor in ((False, 20), (True, 10)):
+        c = PrefixCache(2, 16, 16, tier_aware=aware)
+        c.insert([10], 0, tier=0)             # older, tier 0
+        c.release([10])
+        c.insert([20], 0, tier=2)             # newer, tier 2
+        c.release([20])
+        c.insert([30], 0, tier=1)             # needs one block: plain LRU evicts 10, tier-aware evicts 20
+        assert survivor in c and 30 in c and len(c) == 2
+    c = PrefixCache(2, 16, 16, tier_aware=True)
+    c.insert([10], 0, tier=2)
+    c.acquire([10, 11], 40, tier=0)            # a tier-0 holder protects it as tier 0
+    c.release([10])
+    c.release([10])
+    c.insert([20], 0, tier=1)
+    c.release([20])
+    c.insert([30], 0, tier=0)
+    assert 10 in c and 20 not in c

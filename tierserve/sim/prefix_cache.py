@@ -11,6 +11,8 @@ prompt's first (*i*+1)·B tokens, so a hash fixes its position *i*). The rule is
 KV accounting: when the hash block size B differs from the KV block size K, hash block *i* occupies
 ceil((i+1)·B/K) − ceil(i·B/K) KV blocks, so a cached prefix of n hash blocks occupies ceil(n·B/K) KV blocks
 (the sum telescopes). The cache is bounded by `capacity_kv_blocks`.
+Tier-aware eviction (optional, `tier_aware=True`): each cached block remembers the most important tier
+(lowest index) that held it, and free blocks of less important tiers are evicted first (LRU within a tier).
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ def cacheable_blocks(num_hashes: int, prompt_tokens: int, hash_block_tokens: int
 class PrefixCache:
     """Cached hash blocks of one replica, with reference counts and an LRU queue of unreferenced blocks."""
 
-    def __init__(self, capacity_kv_blocks: int, hash_block_tokens: int, kv_block_tokens: int) -> None:
+    def __init__(self, capacity_kv_blocks: int, hash_block_tokens: int, kv_block_tokens: int,
+                 tier_aware: bool = False) -> None:
         if capacity_kv_blocks < 0:
             raise ValueError(f"capacity_kv_blocks: must be >= 0, got {capacity_kv_blocks}")
         if hash_block_tokens <= 0:
@@ -46,6 +49,9 @@ class PrefixCache:
         self._refs: dict[int, int] = {}              # cached hash -> requests holding it
         self._pos: dict[int, int] = {}               # cached hash -> its block position i
         self._free: OrderedDict[int, None] = OrderedDict()   # unreferenced cached hashes, eviction order first
+        self.tier_aware = tier_aware
+        self._tier: dict[int, int] = {}              # cached hash -> most important tier that held it
+        self._free_by_tier: dict[int, OrderedDict[int, None]] = {}   # tier-aware: a free queue per tier
         self.used_kv_blocks = 0
         self.hit_tokens = 0                          # statistics: tokens served from the cache
         self.queried_tokens = 0                      # prompt tokens looked up
@@ -65,19 +71,26 @@ class PrefixCache:
             n += 1
         return n
 
-    def acquire(self, hashes: Sequence[int], prompt_tokens: int) -> int:
+    def _hold(self, h: int, tier: int) -> None:
+        if self._refs[h] == 0:
+            del self._free[h]
+            if self.tier_aware:
+                del self._free_by_tier[self._tier[h]][h]
+        self._refs[h] += 1
+        if tier < self._tier[h]:
+            self._tier[h] = tier
+
+    def acquire(self, hashes: Sequence[int], prompt_tokens: int, tier: int = 0) -> int:
         """Take the hit for a request: hold its cached prefix and return the cached tokens."""
         n = self.match(hashes, prompt_tokens)
         for h in hashes[:n]:
-            if self._refs[h] == 0:
-                del self._free[h]
-            self._refs[h] += 1
+            self._hold(h, tier)
         self.queried_tokens += prompt_tokens
         cached = n * self.hash_block_tokens
         self.hit_tokens += cached
         return cached
 
-    def insert(self, hashes: Sequence[int], start: int) -> int:
+    def insert(self, hashes: Sequence[int], start: int, tier: int = 0) -> int:
         """Cache the request's computed blocks `start`.. (held by it); returns how many were stored.
 
         Stops at the first block that does not fit after evicting every free block (a chain must stay a prefix).
@@ -87,15 +100,14 @@ class PrefixCache:
         for i in range(start, len(hashes)):
             h = hashes[i]
             if h in self._refs:
-                if self._refs[h] == 0:
-                    del self._free[h]
-                self._refs[h] += 1
+                self._hold(h, tier)
                 continue
             cost = self.block_cost(i)
             if not self.make_room(cost):
                 break
             self._refs[h] = 1
             self._pos[h] = i
+            self._tier[h] = tier
             self.used_kv_blocks += cost
             stored += 1
         return stored
@@ -110,14 +122,22 @@ class PrefixCache:
             self._refs[h] = r
             if r == 0:
                 self._free[h] = None
+                if self.tier_aware:
+                    self._free_by_tier.setdefault(self._tier[h], OrderedDict())[h] = None
 
     def make_room(self, kv_blocks: int) -> bool:
         """Evict free blocks (LRU first) until `kv_blocks` more fit; False if they cannot."""
         while self.used_kv_blocks + kv_blocks > self.capacity_kv_blocks:
             if not self._free:
                 return False
-            h, _ = self._free.popitem(last=False)
+            if self.tier_aware:
+                queue = self._free_by_tier[max(t for t, q in self._free_by_tier.items() if q)]
+                h, _ = queue.popitem(last=False)
+                del self._free[h]
+            else:
+                h, _ = self._free.popitem(last=False)
             del self._refs[h]
+            del self._tier[h]
             self.used_kv_blocks -= self.block_cost(self._pos.pop(h))
             self.evictions += 1
         return True
