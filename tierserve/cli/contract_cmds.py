@@ -53,7 +53,7 @@ def register(reproduce_app: typer.Typer) -> None:
             import json
 
             from tierserve.experiments.contract import merge_results, report
-            from tierserve.core.files import read_mapping, write_text_atomic
+            from tierserve.core.files import read_mapping
             merged = merge_results([read_mapping(p, "--merge", json.loads, (ValueError,), "JSON") for p in merge])
             text = report(merged, study)
             out.mkdir(parents=True, exist_ok=True)
