@@ -26,7 +26,7 @@ from tierserve.router.loopback import (EngineLimits, MetricsSampler, settle, sta
                                        wait_healthy)
 from tierserve.router.serve import RouterThread, free_port  # noqa: E402
 
-LIMITS = EngineLimits(max_num_seqs=4)
+LIMITS = EngineLimits(max_num_seqs=2)
 MAX_NUM_SEQS = LIMITS.max_num_seqs
 
 
@@ -37,10 +37,23 @@ def vllm_engines(tiny_model, tmp_path_factory):
                for i in range(2)]
     try:
         wait_healthy(engines)
+        warm_up([e.url for e in engines], tiny_model)
         yield engines
     finally:
         for e in engines:
             stop_engine(e)
+
+
+def warm_up(urls: list[str], model: str) -> None:
+    """A few concurrent requests straight to each engine before the measured load: an engine's first steps
+    (one CI-like run: a 2 s first step) would otherwise land in the first burst and order TTFT by arrival."""
+    async def go():
+        async with httpx.AsyncClient(timeout=120) as c:
+            for _ in range(2):
+                await asyncio.gather(*(c.post(f"{u}/v1/completions", json={
+                    "model": model, "prompt": " ".join(f"w{j}" for j in range(10 + 30 * k)), "max_tokens": 8,
+                    "ignore_eos": True}) for u in urls for k in range(LIMITS.max_num_seqs + 1)))
+    asyncio.run(go())
 
 
 def successes(url: str) -> float:
@@ -54,12 +67,13 @@ TIERS = [{"name": "gold", "slo": {"ttft_s": 1.0}, "max_in_flight": 12, "overflow
           "service_tier": "priority"},
          {"name": "silver", "slo": {"ttft_s": 4.0}, "overflow": "queue", "max_queued": 60, "queue_timeout_s": 80},
          {"name": "bronze", "max_in_flight": 4, "overflow": "reject"}]
-# Bursts of 24 (8 per tier; bronze capped at 4 in flight by the router) of 96-token answers every 4 s on 2 x 4
+# Bursts of 24 (8 per tier; bronze capped at 4 in flight by the router) of 160-token answers every 4 s on 2 x 2
 # engine slots: each burst waits in the engines' queues, where their tierserve scheduler serves the lower
-# priority first. The earlier load (bursts of 12 of 8-23 tokens every 2 s) left requests waiting in 5-9% of
-# /metrics samples (at most 2 at once): its TTFT was the frontend's (~0.27 s client -> engine, tier-blind),
-# and the tier order did not hold reliably.
-N, BURST, GAP_S, ANSWER_TOKENS = 120, 24, 4.0, 96
+# priority first. On 2 shared cores the client, the router and both engines' frontends compete for CPU, so a
+# burst reaches the engines spread over a second or more: with 2 x 4 slots and 96-token answers the engines
+# absorbed it (scheduler waits ~0, requests waiting in only 3-8% of /metrics samples on some runs) and TTFT
+# was ordered by arrival, not by tier. The earlier load (bursts of 12 of 8-23 tokens every 2 s) was lighter still.
+N, BURST, GAP_S, ANSWER_TOKENS = 120, 24, 4.0, 160
 
 
 def test_router_over_two_vllm_engines_accounts_for_every_request(vllm_engines, tiny_model):
@@ -70,7 +84,7 @@ def test_router_over_two_vllm_engines_accounts_for_every_request(vllm_engines, t
                                   "log_requests": False})
     before = [successes(u) for u in urls]
     assert all(parse_metrics(httpx.get(f"{u}/metrics").text).total_blocks == 64 for u in urls)
-    with RouterThread(cfg) as r, MetricsSampler(urls) as sampler:
+    with RouterThread(cfg) as r, MetricsSampler(urls, interval_s=0.25) as sampler:
         async def run():
             async with httpx.AsyncClient(base_url=r.url, timeout=90, limits=httpx.Limits(max_connections=200)) as c:
                 async def one(i):
@@ -146,15 +160,26 @@ def test_router_over_two_vllm_engines_accounts_for_every_request(vllm_engines, t
     print("API server (stamp -> scheduler) / scheduler queue P50 by served tier (s): " + ", ".join(
         f"{t['name']} {api_p50[k]:.3f} / {sched_p50[k]:.3f} (n={len(api[k])})"
         for k, t in enumerate(TIERS) if k in api))
-    # contended: requests waited in the engines' queues, on both engines (/metrics), and longer in the scheduler
-    # than in the API server (the request logs)
-    # the dispatch need not split the queueing evenly (one CI run: 18% and 8% of samples), so each engine must
-    # have queued several requests at once and the engines together in at least 10% of their samples
-    assert all(sampler.result.max_waiting(u) >= 2 for u in urls), sampler.result.describe()
-    assert statistics.mean(sampler.result.waiting_fraction(u) for u in urls) >= 0.1, sampler.result.describe()
+    # contended: on each engine a fifth of the answered requests waited >= 50 ms in its scheduler's queue (the
+    # request logs; the /metrics sampler above is printed only: on 2 loaded cores it got 11 samples in 25 s), and
+    # requests waited longer in the scheduler than in the API server
+    per_engine = defaultdict(list)
+    for i, rec in records.items():
+        per_engine[rec["engine"]].append(rec["first_scheduled_s"] - rec["queued_s"])
+    print("answered per engine, share that waited >= 50 ms in the scheduler: " + ", ".join(
+        f"{k}: {len(v)}, {sum(w >= 0.05 for w in v) / len(v):.0%}" for k, v in sorted(per_engine.items())))
+    assert len(per_engine) == 2 and all(sum(w >= 0.05 for w in v) >= 0.2 * len(v) for v in per_engine.values())
     every_sched = statistics.median(x for v in sched.values() for x in v)
     every_api = statistics.median(x for v in api.values() for x in v)
     assert every_sched > every_api, ("not contended at the scheduler", every_sched, every_api)
+    # the tier orders the scheduler's queue and so the engine's TTFT (its arrival stamp -> first token). The
+    # client's TTFT adds the router's and the client's own time in this one Python process (tier-blind; ~2-3 s
+    # per request when 120 streams share 2 cores with both engines), so it is printed, not compared
+    engine_ttft = defaultdict(list)
+    for i, rec in records.items():
+        engine_ttft[served[i]].append(rec["first_token_s"] - rec["arrival_s"])
+    engine_p50 = {k: statistics.median(v) for k, v in engine_ttft.items()}
+    print(f"engine TTFT P50 by served tier (s): {engine_p50}; client streamed TTFT P50: {p50}")
     assert sched_p50[0] < sched_p50[1], sched_p50
-    assert p50["gold"] < p50["silver"], p50
+    assert engine_p50[0] < engine_p50[1], engine_p50
     assert wall < 100
