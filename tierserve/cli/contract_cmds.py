@@ -52,7 +52,7 @@ def register(reproduce_app: typer.Typer) -> None:
         if merge:
             import json
 
-            from tierserve.experiments.contract import merge_results, report
+            from tierserve.experiments.contract_report import merge_results, report
             from tierserve.core.files import read_mapping
             merged = merge_results([read_mapping(p, "--merge", json.loads, (ValueError,), "JSON") for p in merge])
             text = report(merged, study)

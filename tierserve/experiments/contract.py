@@ -31,28 +31,8 @@ from tierserve.experiments.capacity import (
 from tierserve.experiments.scenario import (
     DEFAULT_BASELINE_CAPACITY_RPS, ScenarioConfig, baseline_scenario, run_scenario,
 )
+from tierserve.experiments.contract_report import ABLATIONS, FCFS, SECTIONS, STACKS, TIERSERVE, json_safe, report
 from tierserve.metrics.stability import mean_ci95
-
-FCFS = "vllm+round_robin"
-TIERSERVE = "tierserve+tierserve"
-# Every registered local policy that runs a tiered cluster, each behind the dispatcher its seed or system uses.
-STACKS = (FCFS, "vllm_priority+round_robin", "vllm_edf+round_robin", "sarathi+round_robin",
-          "llumlet+llumnix_k", "llumlet+llumnix_k_adaptive", "niyama+deadline_slack",
-          "niyama_chunked+deadline_slack", "uniboost+jsq", TIERSERVE)
-# One piece removed at a time: (label, local params, cluster params).
-ABLATIONS = (
-    ("full", {}, {}),
-    ("no TBT budget", {"tbt_budget": False}, {}),
-    ("no tier order", {"tier_order": False}, {}),
-    ("no decode protection", {"protect_decodes": False}, {}),
-    ("no displacement", {"displace": False}, {}),
-    ("no loose-tier banking", {"bank_loose": False}, {}),
-    ("no relegation", {"relegate": False}, {}),
-    ("no first-token lift", {"lift_for_protected": False}, {}),
-    ("no head-room dispatch", {}, {"headroom": False}),
-    ("no burst deferral", {}, {"defer": False}),
-)
-SECTIONS = ("default", "capacity", "steady", "ktier", "reasoning", "qos_diurnal", "ablation", "sensitivity")
 
 
 @dataclass(frozen=True)
@@ -329,7 +309,7 @@ def run_study(study: Study, out: Path, executor: str = "process", log: Callable[
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     saved = out / "contract_results.json"
-    res: dict[str, Any] = {"study": _finite(asdict(study)), "capacity": {}, "rows": {s: [] for s in SECTIONS},
+    res: dict[str, Any] = {"study": json_safe(asdict(study)), "capacity": {}, "rows": {s: [] for s in SECTIONS},
                            "done": [], "wall_s": 0.0}
     if resume and saved.exists():
         previous = json.loads(saved.read_text())
@@ -376,7 +356,7 @@ def run_study(study: Study, out: Path, executor: str = "process", log: Callable[
         log(f"{section}: {len(cap_jobs)} capacity search(es), {len(jobs)} runs, "
             f"{time.perf_counter() - t_section:.0f} s")
         res["markdown"] = report(res, study)
-        saved.write_text(json.dumps(_finite(res), indent=1, sort_keys=True) + "\n")
+        saved.write_text(json.dumps(json_safe(res), indent=1, sort_keys=True) + "\n")
         (out / "contract_report.md").write_text(res["markdown"])
     res.setdefault("fcfs_capacity_source", fcfs_capacity()[1])
     res.setdefault("reasoning_capacity_rps", math.nan)
@@ -414,190 +394,5 @@ def summarise_runs(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
                            for m in runs[0]["tiers"][t]}
     out["all"] = {m: asdict(mean_ci95([r["all"][m] for r in runs])) for m in runs[0]["all"]}
     return out
-
-
-def _finite(x: Any) -> Any:
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {str(k): _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x
-
-
-# ---- the report --------------------------------------------------------------------------------------------
-def _iv(d: dict[str, Any], pct: bool = False, digits: int = 3) -> str:
-    m, h = d["mean"], d["half_width"]
-    if m is None or not math.isfinite(m):
-        return "–"
-    if pct:
-        return f"{100 * m:.1f}%" + (f" ± {100 * h:.1f}" if h is not None and math.isfinite(h) else "")
-    return f"{m:.{digits}g}" + (f" ± {h:.2g}" if h is not None and math.isfinite(h) else "")
-
-
-def _tier_table(rows: list[dict[str, Any]], keys: Sequence[str], extra: Callable[[dict], list[str]] | None = None,
-                metric: str = "attainment") -> list[str]:
-    if not rows:
-        return ["(not run)", ""]
-    tiers = list(rows[0]["tiers"])
-    head = [*keys, *(f"{t} {'att.' if metric == 'attainment' else metric}" for t in tiers), "tier0 TTFT P99 (s)",
-            "goodput (req/s)", "stable seeds"]
-    if extra:
-        head += extra({})
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        cells = [str(r.get(k, "")) for k in keys]
-        cells += [_iv(r["tiers"][t][metric], pct=metric == "attainment") for t in tiers]
-        t0 = r["tiers"][tiers[0]]
-        cells += [_iv(t0["ttft_p99"]), _iv(r["all"]["goodput"]), f"{r['stable']}/{r['seeds']}"]
-        if extra:
-            cells += extra(r)
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines + [""]
-
-
-def _cap(c: dict[str, Any] | None) -> str:
-    if c is None:
-        return "–"
-    r = c["rate"]
-    if r is None or not math.isfinite(r):
-        return "below lo"
-    hi = c["interval"][1]
-    return f"{r:.3g} [{r:.3g}, {hi:.3g})" if hi is not None and math.isfinite(hi) else f"≥ {r:.3g}"
-
-
-def report(res: dict[str, Any], study: Study) -> str:
-    rows = res["rows"]
-    L = ["# The tier contract: `tierserve` against every registered stack", "",
-         f"Generated by `tierserve reproduce contract{' --quick' if study.quick else ''}`"
-         + ("" if study.quick else f" in {res['wall_s']:.0f} s")    # quick: rechecked verbatim by the tests
-         + f" (seeds {list(study.seeds)}; mean ± 95% Student-t half-width over seeds; every run judged by the work "
-         "verdict, 'stable seeds' counts the seeds judged stable). Equal GPUs throughout: 4× Llama-3-8B on "
-         "A100-80GB. Loads: ρ = rate / " + res["fcfs_capacity_source"] + ".", ""]
-    if study.quick:
-        L += ["**Quick mode**: short runs and one seed — a smoke of the pipeline, not evidence; the full command "
-              "is `tierserve reproduce contract`.", ""]
-    L += ["## Default scenario (the burst included; whole run)", "",
-          f"`tierserve simulate`'s scenario, {study.num_requests} requests. Deferred = requests the cluster held in "
-          "its global queue during the burst (reason `deferred: …` in requests.csv), per tier, mean per seed.", ""]
-
-    def deferred_cells(r: dict) -> list[str]:
-        if not r:
-            return ["deferred (per tier)"]
-        return [" / ".join(f"{v['deferred']['mean']:.0f}" for v in r["tiers"].values())]
-    L += _tier_table(rows["default"], ["stack"], deferred_cells)
-    L += _default_verdict(rows["default"])
-    L += ["## Capacity on the default mix (Poisson, no burst)", "",
-          "Highest rate at which every tier meets its attainment goal and the queue is stable "
-          f"(`scenario_capacity`, ±{study.capacity_rel_tol:.0%}, run lengths {study.capacity_run_length[0]}–"
-          f"{study.capacity_run_length[1]} requests doubled while undecided); [capacity, lowest failing probe).", "",
-          "Seed interval: the highest probed rate at which every tier's attainment, mean ± 95% over the seeds, "
-          "clearly meets its goal, and the lowest at which one clearly misses (or most seeds are unstable) — the "
-          "capacity's uncertainty, read off the search's own probes (– where no probe is that clear).", "",
-          "| stack | capacity (req/s) | × FCFS | seed interval (req/s) | stable-only (req/s) | per tier (req/s) |",
-          "|---|---|---|---|---|---|"]
-    caps = {k.split(":", 1)[1]: v for k, v in res["capacity"].items() if k.startswith("default:")}
-    base = caps.get(FCFS, {}).get("rate")
-    for stack, c in caps.items():
-        ratio = (f"{c['rate'] / base:.2f}" if base and c["rate"] and math.isfinite(base) and math.isfinite(c["rate"])
-                 else "–")
-        tiers = ", ".join(f"{t} {_cap(v)}" for t, v in c["tiers"].items())
-        st = c["stable_rate"]
-        gi = c.get("goal_interval") or {}
-        clear = "[" + ", ".join("–" if gi.get(k) is None else f"{gi[k]:.3g}" for k in ("passes", "fails")) + "]"
-        stable = f"{st:.3g}" if st is not None and math.isfinite(st) else "below lo"
-        L.append(f"| {stack} | {_cap(c['stack'])} | {ratio} | {clear} | {stable} | {tiers} |")
-    L += [""] + _capacity_verdict(caps)
-    L += ["## Steady loads (Poisson, steady-state window)", ""] + _load_note(res, "steady")
-    L += _tier_table(rows["steady"], ["stack", "rho"])
-    L += ["## Seed 000's tier distributions (K-tier Llumnix)", "",
-          f"ρ = {study.ktier_rho} of the default mix's FCFS capacity, default SLOs for K tiers (tier 0 TTFT 0.5 s / "
-          "TBT 50 ms; the last tier TTLT 60 s). Seed 000's own metric is tier-0 TTFT (prefill) P99: shown.", ""]
-    L += _load_note(res, "ktier") + _tier_table(rows["ktier"], ["stack", "mix", "K"])
-    rc = res["reasoning_capacity_rps"]
-    L += ["## Seed 001's reasoning-heavy mix (70% reasoning + 30% chat, 3 tiers)", "",
-          f"ρ = {study.reasoning_rho} of FCFS's stable-only capacity on this mix "
-          + (f"({rc:.3g} req/s, measured here)" if rc and math.isfinite(rc) else "(not measured)")
-          + "; seed 001's metric is P99 TTLT (shown per tier).", ""]
-    L += _tier_table(rows["reasoning"], ["stack"], lambda r: ["all TTLT P99 (s)"] if not r else
-                     [_iv(r["all"]["ttlt_p99"])])
-    L += ["## Seed 003's QoS classes under a diurnal load", "",
-          f"Q1 interactive (TTFT 6 s, TBT 50 ms), Q2 TTLT 600 s, Q3 TTLT 1800 s, 1/3 each; diurnal arrivals, mean "
-          f"ρ = {study.diurnal_rho} (±50%, period {study.diurnal_period_s:g} s); seed 003's metric is deadline "
-          "attainment per class (shown).", ""]
-    L += _load_note(res, "qos_diurnal") + _tier_table(rows["qos_diurnal"], ["stack"])
-    L += ["## Ablation (default scenario): one piece removed at a time", ""]
-    L += _tier_table(rows["ablation"], ["variant"])
-    L += ["## Sensitivity (default scenario)", "",
-          "Tier TBT targets scaled (tier 0: 50 ms × scale, tier 1: 100 ms × scale), and the execution model in "
-          "vidur_parity mode.", ""]
-    L += _tier_table(rows["sensitivity"], ["variant", "stack"])
-    return "\n".join(L) + "\n"
-
-
-def _load_note(res: dict[str, Any], section: str) -> list[str]:
-    """Where a section came from a separate run (`merge_results`), the capacity its ρ is in units of."""
-    source = res.get("section_sources", {}).get(section)
-    return [f"Loads in this section: ρ = rate / {source} (run apart from the capacity section).", ""] if source else []
-
-
-def merge_results(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One result from several runs of the study over disjoint sections (e.g. sections run side by side):
-    the first run's, with every section only a later run finished taken from it (and its load basis noted)."""
-    main = json.loads(json.dumps(results[0]))
-    main.setdefault("section_sources", {})
-    for other in results[1:]:
-        for section in other["done"]:
-            if section in main["done"]:
-                continue
-            main["rows"][section] = other["rows"][section]
-            main["done"].append(section)
-            if section in ("steady", "ktier", "qos_diurnal"):
-                main["section_sources"][section] = other["fcfs_capacity_source"]
-        for key, cap in other["capacity"].items():
-            main["capacity"].setdefault(key, cap)
-        if other.get("reasoning_capacity_rps") is not None and main.get("reasoning_capacity_rps") is None:
-            main["reasoning_capacity_rps"] = other["reasoning_capacity_rps"]
-        main["wall_s"] = main.get("wall_s", 0.0) + other.get("wall_s", 0.0)
-    for r in (main, *results):
-        if main.get("reasoning_capacity_rps") is None and r.get("reasoning_capacity_rps") is not None:
-            main["reasoning_capacity_rps"] = r["reasoning_capacity_rps"]
-    if main.get("reasoning_capacity_rps") is None:
-        main["reasoning_capacity_rps"] = math.nan
-    return main
-
-
-def _default_verdict(rows: list[dict[str, Any]]) -> list[str]:
-    """The issue's targets for the default scenario, checked against the rows (what was measured)."""
-    by = {r["stack"]: r for r in rows}
-    ts, fcfs = by.get(TIERSERVE), by.get(FCFS)
-    if ts is None or fcfs is None:
-        return []
-    t0 = ts["tiers"]["tier0"]["attainment"]["mean"]
-    t1 = ts["tiers"]["tier1"]["attainment"]["mean"]
-    best1 = max((r["tiers"]["tier1"]["attainment"]["mean"], s) for s, r in by.items() if s != TIERSERVE)
-    t2 = ts["tiers"]["tier2"]["attainment"]["mean"]
-    gp, gpf = ts["all"]["goodput"]["mean"], fcfs["all"]["goodput"]["mean"]
-    return ["Targets (means over seeds): "
-            f"tier 0 ≥ 99%: {100 * t0:.1f}% ({'met' if t0 >= 0.99 else 'NOT met'}); "
-            f"tier 1 ≥ best other ({best1[1]}, {100 * best1[0]:.1f}%): {100 * t1:.1f}% "
-            f"({'met' if t1 >= best1[0] else 'NOT met'}); tier 2 within TTLT: {100 * t2:.1f}%; "
-            f"goodput ≥ FCFS ({gpf:.2f}): {gp:.2f} ({'met' if gp >= gpf else 'NOT met'}).", ""]
-
-
-def _capacity_verdict(caps: dict[str, dict[str, Any]]) -> list[str]:
-    ts, fcfs = caps.get(TIERSERVE), caps.get(FCFS)
-    if ts is None or fcfs is None or not all(c["rate"] is not None and math.isfinite(c["rate"]) for c in (ts, fcfs)):
-        return ["Capacity targets: not decidable from these searches (a capacity below the search range).", ""]
-    others = [(c["rate"], s) for s, c in caps.items() if s != TIERSERVE and c["rate"] is not None
-              and math.isfinite(c["rate"])]
-    best = max(others) if others else (math.nan, "–")
-    ratio = ts["rate"] / fcfs["rate"]
-    return [f"Capacity targets: tierserve {ts['rate']:.3g} req/s = {ratio:.2f}× FCFS (target ≥ 1.3×: "
-            f"{'met' if ratio >= 1.3 else 'NOT met'}); best other stack {best[1]} {best[0]:.3g} req/s "
-            f"({'met' if ts['rate'] >= best[0] else 'NOT met'}: tierserve ≥ every other stack). Capacities are "
-            f"bisection results to ±the stated tolerance: a difference inside it is a tie.", ""]
-
 
 __all__ = ["ABLATIONS", "SECTIONS", "STACKS", "Study", "deferred_per_tier", "run_study"]
