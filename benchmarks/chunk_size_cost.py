@@ -47,12 +47,16 @@ def real_sarathi() -> tuple[list[tuple[int, float]], list[tuple[int, float]]] | 
     d = shared_data("real_gpu", "sarathi_serve_yi34b_a100_pcie_tp2")
     if d is None:
         return None
-    pre, dec = [], []
-    with (d / "prefill.csv").open(newline="") as f:
-        pre = [(int(float(r["batch_num_prefill_tokens"])), float(r["operation_time_per_token"]))   # ms/token
-               for r in csv.DictReader(f)]
-    with (d / "decode.csv").open(newline="") as f:
-        dec = [(int(float(r["batch_size"])), float(r["batch_execution_time"]) * 1e3) for r in csv.DictReader(f)]
+    from tierserve.workload.readers import parse_count, parse_number
+
+    def read(name: str, count: str, value: str) -> list[tuple[int, float]]:
+        # counts as integers or integral floats (`512.0`); `512.5` is a TraceError naming file, row and field
+        src = str(d / name)
+        with (d / name).open(newline="") as f:
+            return [(parse_count(src, i, count, r[count], 1), parse_number(src, i, value, r[value]))
+                    for i, r in enumerate(csv.DictReader(f), start=1)]
+    pre = read("prefill.csv", "batch_num_prefill_tokens", "operation_time_per_token")      # ms per token
+    dec = [(b, s * 1e3) for b, s in read("decode.csv", "batch_size", "batch_execution_time")]
     return pre, dec
 
 

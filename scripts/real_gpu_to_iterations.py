@@ -23,7 +23,9 @@ import csv
 import sys
 from pathlib import Path
 
+from tierserve.core.errors import TraceError
 from tierserve.core.paths import shared_data
+from tierserve.workload.readers import parse_count, parse_number
 
 DATASET = "sarathi_serve_yi34b_a100_pcie_tp2"
 MODEL, GPU, TP = "Yi-34B", "A100-80GB-PCIe", 2
@@ -34,21 +36,24 @@ HEADER = ["prefill_tokens", "decode_count", "decode_context_sum", "prefill_conte
 
 
 def convert(data_dir: Path) -> list[list]:
-    """Rows of the iteration log, prefills first, in the order of the CSVs."""
+    """Rows of the iteration log, prefills first, in the order of the CSVs. Counts written as integral floats
+    (`512.0`) are integers; a non-integral one is a TraceError naming file, row and field."""
     out: list[list] = []
+    src = str(data_dir / "prefill.csv")
     with (data_dir / "prefill.csv").open(newline="") as f:
-        for r in csv.DictReader(f):
-            p = int(float(r["batch_num_prefill_tokens"]))
-            first = float(r["Batch Id"]) == 0.0 and not r["inter_batch_delay"].strip()
+        for i, r in enumerate(csv.DictReader(f), start=1):
+            p = parse_count(src, i, "batch_num_prefill_tokens", r["batch_num_prefill_tokens"], 1)
+            first = parse_number(src, i, "Batch Id", r["Batch Id"]) == 0.0 and not r["inter_batch_delay"].strip()
             reason = ("first batch of the run (Batch Id 0, no inter_batch_delay): warm-up, slower than the "
                       "512-token prefill") if first else ""
-            out.append([p, 0, 0, 0, float(r["batch_execution_time"]) * 1e3, MODEL, GPU, TP, reason,
-                        f"prefill.csv row {r['']}"])
+            ms = parse_number(src, i, "batch_execution_time", r["batch_execution_time"]) * 1e3
+            out.append([p, 0, 0, 0, ms, MODEL, GPU, TP, reason, f"prefill.csv row {r['']}"])
+    src = str(data_dir / "decode.csv")
     with (data_dir / "decode.csv").open(newline="") as f:
-        for r in csv.DictReader(f):
-            b = int(float(r["batch_size"]))
-            out.append([0, b, b * DECODE_CONTEXT, 0, float(r["batch_execution_time"]) * 1e3, MODEL, GPU, TP, "",
-                        f"decode.csv row {r['']}"])
+        for i, r in enumerate(csv.DictReader(f), start=1):
+            b = parse_count(src, i, "batch_size", r["batch_size"], 1)
+            ms = parse_number(src, i, "batch_execution_time", r["batch_execution_time"]) * 1e3
+            out.append([0, b, b * DECODE_CONTEXT, 0, ms, MODEL, GPU, TP, "", f"decode.csv row {r['']}"])
     return out
 
 
@@ -61,7 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     if data is None or not (data / "prefill.csv").is_file():
         print(f"real_gpu/{DATASET} not found (set TIERSERVE_SHARED or pass --data)", file=sys.stderr)
         return 2
-    rows = convert(Path(data))
+    try:
+        rows = convert(Path(data))
+    except TraceError as e:
+        print(e, file=sys.stderr)
+        return 2
     with args.out.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(HEADER)

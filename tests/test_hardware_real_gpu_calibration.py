@@ -101,3 +101,38 @@ def test_calibrate_cli_prints_overhead_and_efficiencies(tmp_path):
     without = fit_physical_iterations(log, cols, pairs, held, fit.model, fit.gpu, fit.tp).points[i]["err_pct"]
     printed = float(re.search(r"P1024/B0 ([+-][0-9.]+)", text).group(1))
     assert printed == pytest.approx(without, abs=0.051) and abs(without - fit.points[i]["err_pct"]) > 1.0
+
+
+@needs_data
+def test_real_gpu_readers_take_integral_floats_and_refuse_fractions_naming_file_row_field(tmp_path, capsys):
+    """Sarathi-Serve writes counts as floats (`batch_size` 1.0): integral ones are integers in the conversion
+    script and in chunk_size_cost.py's reader; `4.5` stops both with file, row and field named."""
+    from conftest import load_script
+    from tierserve.core.errors import TraceError
+    good = tmp_path / "good"
+    good.mkdir()
+    for name in ("prefill.csv", "decode.csv"):
+        (good / name).write_text((DATA / name).read_text())
+    rows = _script().convert(good)
+    assert [r[1] for r in rows if r[0] == 0][:3] == [1, 2, 4] and rows[0][0] == 128
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "prefill.csv").write_text((DATA / "prefill.csv").read_text())
+    lines = (DATA / "decode.csv").read_text().splitlines(keepends=True)
+    cells = lines[3].split(",")
+    col = lines[0].split(",").index("batch_size")
+    cells[col] = "4.5"
+    lines[3] = ",".join(cells)
+    (bad / "decode.csv").write_text("".join(lines))
+    with pytest.raises(TraceError, match=r"decode\.csv.*row 3.*batch_size.*4\.5"):
+        _script().convert(bad)
+    assert _script().main(["--data", str(bad), "--out", str(tmp_path / "x.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "decode.csv" in err and "batch_size" in err and "4.5" in err
+    bench = load_script("benchmarks/chunk_size_cost.py", "chunk_size_cost_reader")
+    bench.shared_data = lambda *parts: bad
+    with pytest.raises(TraceError, match=r"decode\.csv.*row 3.*batch_size"):
+        bench.real_sarathi()
+    bench.shared_data = lambda *parts: good
+    pre, dec = bench.real_sarathi()
+    assert pre[0][0] == 128 and [b for b, _ in dec][:3] == [1, 2, 4]
